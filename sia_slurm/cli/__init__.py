@@ -1,0 +1,1 @@
+"""Command-line interface (click). The only layer that prints."""

@@ -1,0 +1,70 @@
+"""``sia-slurm config``: validate the controller's configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sia_slurm.config import CONFIG_ENV_VAR, ConfigError, load_config, resolve_config_path
+from sia_slurm.livecheck import check_live
+from sia_slurm.slurm.inventory import read_inventory
+from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+
+
+@click.group(
+    help="Validate the sia-slurm configuration file.\n\n"
+    "The configuration maps Slurm partitions to GPU types and sets the round length, "
+    "the policy and its parameters, the state directory and the managed-job marker."
+)
+def config() -> None:
+    pass
+
+
+@config.command(
+    "check",
+    help=f"""Check a configuration file and report every problem found.
+
+\b
+PATH defaults to ${CONFIG_ENV_VAR}, else /etc/sia-slurm/sia.yaml.
+Each problem is printed as FILE:LINE: KEY: MESSAGE. With --live, the
+partition map is also compared with the running Slurm (found through
+SLURM_CONF as for any Slurm command): every mapped partition must exist
+and each of its nodes must carry Gres=gpu:TYPE:GPUS_PER_NODE.
+
+\b
+Exit status: 0 when the configuration is usable, 1 when it is not.
+""",
+)
+@click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--live", is_flag=True, help="Also verify the partition map against running Slurm.")
+def check(path: Path | None, live: bool) -> None:
+    resolved = resolve_config_path(path)
+    try:
+        cfg = load_config(resolved)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            click.echo(str(issue), err=True)
+        click.echo(f"{resolved}: {len(exc.issues)} problem(s); configuration not usable", err=True)
+        raise SystemExit(1) from None
+    if not live:
+        click.echo(f"{resolved}: OK")
+        return
+    runner = SubprocessRunner(bin_dir=Path(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None)
+    try:
+        inventory = read_inventory(runner)
+    except CommandError as exc:
+        click.echo(f"{resolved}: cannot read the Slurm inventory: {exc}", err=True)
+        raise SystemExit(1) from None
+    report = check_live(cfg, inventory)
+    for warning in report.warnings:
+        click.echo(f"{resolved}: warning: {warning}", err=True)
+    for error in report.errors:
+        click.echo(f"{resolved}: {error}", err=True)
+    if not report.ok:
+        click.echo(
+            f"{resolved}: {len(report.errors)} mismatch(es) with the running Slurm", err=True
+        )
+        raise SystemExit(1)
+    types = ", ".join(f"{p.name}=gpu:{p.gpu_type}:{p.gpus_per_node}" for p in cfg.partitions)
+    click.echo(f"{resolved}: OK (live: {types})")

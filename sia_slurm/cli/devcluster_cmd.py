@@ -1,0 +1,108 @@
+"""``sia-slurm dev-cluster``: a real multi-node Slurm with typed fake GPUs on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterError, DevClusterSpec
+from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE
+
+_DIR = click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    envvar="SIA_DEV_CLUSTER_DIR",
+    help="Directory holding the cluster's config, state, logs and pids [env SIA_DEV_CLUSTER_DIR].",
+)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group(
+    "dev-cluster",
+    help="""Run a real Slurm cluster with typed fake GPUs on this machine.
+
+\b
+Starts munged, one slurmctld and one slurmd per node on this host, on
+non-default ports, with one partition per GPU type and GPUs declared as
+GRES backed by fake device files. For development, tests and demos;
+needs root and the Debian packages slurmctld, slurmd, slurm-client and
+munge (nothing is installed automatically).
+""",
+)
+def dev_cluster() -> None:
+    pass
+
+
+@dev_cluster.command(
+    help="""Start the dev cluster and wait until every node is idle.
+
+\b
+SPEC lists GPU types as TYPE:NODESxGPUS, comma separated; each type gets
+nodes TYPE-1..TYPE-N in a partition named TYPE. If a cluster already runs
+in DIR nothing is started. Progress goes to stderr; stdout gets the line
+to eval:  eval "$(sia-slurm dev-cluster up)"
+""",
+)
+@click.option(
+    "--spec",
+    default=DEFAULT_SPEC,
+    show_default=True,
+    help="Cluster shape: GPU type, nodes and GPUs per node.",
+)
+@_DIR
+@click.option(
+    "--port-base",
+    type=click.IntRange(1024, 65000),
+    default=DEFAULT_PORT_BASE,
+    show_default=True,
+    help="slurmctld port; slurmd ports follow it.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(1),
+    default=90.0,
+    show_default=True,
+    help="Seconds to wait for the daemons and nodes.",
+)
+def up(spec: str, root: Path, port_base: int, timeout: float) -> None:
+    try:
+        parsed = DevClusterSpec.parse(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--spec") from None
+    cluster = DevCluster(root, port_base=port_base, log=_say)
+    try:
+        cluster.up(parsed, timeout_s=timeout)
+    except DevClusterError as exc:
+        _say(f"sia-slurm dev-cluster up: {exc}")
+        raise SystemExit(1) from None
+    click.echo(f"export SLURM_CONF={cluster.layout.slurm_conf}")
+
+
+@dev_cluster.command(help="Cancel all jobs and stop exactly the daemons `up` started in DIR.")
+@_DIR
+def down(root: Path) -> None:
+    try:
+        DevCluster(root, log=_say).down()
+    except DevClusterError as exc:
+        _say(f"sia-slurm dev-cluster down: {exc}")
+        raise SystemExit(1) from None
+
+
+@dev_cluster.command(help="Show the daemons, the nodes (state, GRES) and the job queue.")
+@_DIR
+def status(root: Path) -> None:
+    cluster = DevCluster(root)
+    try:
+        click.echo(cluster.status())
+    except DevClusterError as exc:
+        _say(f"sia-slurm dev-cluster status: {exc}")
+        raise SystemExit(1) from None
+    if not cluster.is_up():
+        raise SystemExit(1)

@@ -1,0 +1,465 @@
+"""The controller's configuration: typed, validated, loaded once and passed explicitly.
+
+A config file (``etc/sia.yaml`` is the commented example) maps Slurm partitions to GPU types and
+sets the round length, the policy and its parameters, the state directory and the managed-job
+marker. :func:`load_config` returns a frozen :class:`SiaConfig` or raises :class:`ConfigError`,
+which carries *every* problem found, each as ``file:line: key: what was expected, what was found``.
+
+There is no global configuration object: whoever needs a setting receives the config (or the
+piece of it) as an argument.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
+
+DEFAULT_CONFIG_PATH = Path("/etc/sia-slurm/sia.yaml")
+CONFIG_ENV_VAR = "SIA_SLURM_CONFIG"
+POLICY_NAMES = ("sia", "pollux", "gavel", "fifo")
+BACKEND_NAMES = ("cli", "pyslurm")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class ConfigError(ValueError):
+    """A configuration file could not be used; ``issues`` lists every problem found."""
+
+    def __init__(self, issues: list[SourceIssue]):
+        self.issues = list(issues)
+        super().__init__("\n".join(str(issue) for issue in self.issues))
+
+
+@dataclass(frozen=True)
+class GpuTypeConfig:
+    """A GPU type the scheduler knows, and its key in the throughput profiles."""
+
+    name: str
+    profile: str  # GPU-type key in profiles/ (e.g. "dgx" for A100); defaults to ``name``
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """A Slurm partition whose nodes all carry ``gpus_per_node`` GPUs of ``gpu_type``."""
+
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Which allocation policy runs each round, and Sia's parameters (reference section 4).
+
+    ``p`` is the fairness power, ``lambda_n`` the no-allocation penalty, ``lambda_a`` the
+    allocation-change penalty, ``max_growth`` the factor by which a job's GPU count may grow per
+    round (2x in the paper). The sign rules: sign(lambda_n) != sign(p) and |lambda_n| > 1.
+    """
+
+    name: str = "sia"
+    p: float = -0.5
+    lambda_n: float = 1.1
+    lambda_a: float = 0.01
+    max_growth: float = 2.0
+    solver_time_limit_s: float = 10.0
+    solver_mip_gap: float = 0.0
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    """What a restart costs and how long to wait for a job's checkpoint."""
+
+    default_cost_s: float = 30.0  # restart cost S until the job has measured its own
+    checkpoint_timeout_s: float = 120.0  # wait this long for the job's acknowledgement
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """How the controller talks to Slurm."""
+
+    backend: str = "cli"  # "cli": squeue/sinfo/scontrol; "pyslurm": the optional binding
+    bin_dir: str = ""  # directory of the Slurm commands; empty = search PATH
+
+
+@dataclass(frozen=True)
+class SiaConfig:
+    """Everything the controller needs, validated."""
+
+    path: Path | None
+    round_seconds: float
+    state_dir: Path
+    managed_marker: str
+    dry_run: bool
+    gpu_types: tuple[GpuTypeConfig, ...]
+    partitions: tuple[PartitionConfig, ...]
+    policy: PolicyConfig
+    restart: RestartConfig
+    slurm: SlurmConfig
+
+    def partition_of(self, gpu_type: str) -> PartitionConfig:
+        """The partition that holds ``gpu_type`` (validation guarantees exactly one)."""
+        for partition in self.partitions:
+            if partition.gpu_type == gpu_type:
+                return partition
+        raise KeyError(gpu_type)
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "sia.db"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.state_dir / "spool"
+
+
+_TOP_LEVEL = {
+    "round_seconds": 60.0,
+    "state_dir": None,
+    "managed_marker": "sia-slurm",
+    "dry_run": False,
+    "gpu_types": None,
+    "partitions": None,
+    "policy": None,
+    "restart": None,
+    "slurm": None,
+}
+_REQUIRED_TOP_LEVEL = ("state_dir", "partitions")
+
+
+def resolve_config_path(path: str | os.PathLike[str] | None) -> Path:
+    """The config file to use: the argument, else $SIA_SLURM_CONFIG, else the system default."""
+    if path:
+        return Path(path)
+    from_env = os.environ.get(CONFIG_ENV_VAR)
+    return Path(from_env) if from_env else DEFAULT_CONFIG_PATH
+
+
+def load_config(path: str | os.PathLike[str]) -> SiaConfig:
+    """Read and validate the config file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError([SourceIssue(path, None, "", "file not found")]) from None
+    except OSError as exc:
+        raise ConfigError([SourceIssue(path, None, "", f"cannot read: {exc.strerror}")]) from None
+    return parse_config(text, path)
+
+
+def parse_config(text: str, path: Path | None = None) -> SiaConfig:
+    """Validate config ``text``; relative paths in it are relative to ``path``'s directory."""
+    source = parse_yaml(text, path)
+    if source.data is None and source.issues:  # a syntax error: nothing to validate
+        raise ConfigError(source.issues)
+    data = source.data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        source.issue((), f"expected a mapping of settings, got {_kind(data)}")
+        raise ConfigError(source.issues)
+    config = _build(data, source)
+    if source.issues or config is None:
+        raise ConfigError(source.issues)
+    return config
+
+
+def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
+    _check_keys(data, (), _TOP_LEVEL, _REQUIRED_TOP_LEVEL, source)
+    round_seconds = _number(data.get("round_seconds", 60.0), ("round_seconds",), source)
+    if round_seconds is not None and round_seconds <= 0:
+        source.issue(
+            ("round_seconds",), f"expected a positive number of seconds, got {round_seconds:g}"
+        )
+    state_dir = _state_dir(data.get("state_dir"), source)
+    marker = data.get("managed_marker", "sia-slurm")
+    if not isinstance(marker, str) or not _SLURM_NAME.match(marker):
+        source.issue(
+            ("managed_marker",),
+            f"expected a word of letters, digits, '_', '.' or '-' (it goes into the job "
+            f"comment), got {marker!r}",
+        )
+    dry_run = data.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        source.issue(("dry_run",), f"expected true or false, got {dry_run!r}")
+    gpu_types = _gpu_types(data.get("gpu_types"), source)
+    partitions = _partitions(data.get("partitions"), source)
+    _cross_check(gpu_types, partitions, data, source)
+    policy = _dataclass(PolicyConfig, data.get("policy"), ("policy",), source)
+    if policy is not None:
+        _check_policy(policy, source)
+    restart = _dataclass(RestartConfig, data.get("restart"), ("restart",), source)
+    if restart is not None:
+        for name in ("default_cost_s", "checkpoint_timeout_s"):
+            if getattr(restart, name) < 0:
+                source.issue(
+                    ("restart", name),
+                    f"expected a non-negative number of seconds, got {getattr(restart, name):g}",
+                )
+    slurm = _dataclass(SlurmConfig, data.get("slurm"), ("slurm",), source)
+    if slurm is not None and slurm.backend not in BACKEND_NAMES:
+        source.issue(
+            ("slurm", "backend"),
+            f"expected one of {', '.join(BACKEND_NAMES)}, got {slurm.backend!r}",
+        )
+    if source.issues:
+        return None
+    assert round_seconds is not None and state_dir is not None
+    assert policy is not None and restart is not None and slurm is not None
+    return SiaConfig(
+        path=source.path,
+        round_seconds=round_seconds,
+        state_dir=state_dir,
+        managed_marker=marker,
+        dry_run=dry_run,
+        gpu_types=gpu_types,
+        partitions=partitions,
+        policy=policy,
+        restart=restart,
+        slurm=slurm,
+    )
+
+
+def _state_dir(value: Any, source: YamlSource) -> Path | None:
+    if value is None:
+        return None  # reported as missing by _check_keys
+    if not isinstance(value, str) or not value.strip():
+        source.issue(("state_dir",), f"expected a directory path, got {value!r}")
+        return None
+    state_dir = Path(value)
+    if not state_dir.is_absolute() and source.path is not None:
+        state_dir = source.path.parent / state_dir
+    return state_dir
+
+
+def _gpu_types(value: Any, source: YamlSource) -> tuple[GpuTypeConfig, ...]:
+    """``gpu_types`` is optional: types named by partitions are declared implicitly."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        source.issue(
+            ("gpu_types",), f"expected a mapping of GPU type name to settings, got {_kind(value)}"
+        )
+        return ()
+    result = []
+    for name, settings in value.items():
+        keypath = ("gpu_types", name)
+        _check_name(name, keypath, "GPU type", source)
+        if settings is None:
+            settings = {}
+        if not isinstance(settings, dict):
+            source.issue(
+                keypath, f"expected a mapping like {{profile: {name}}}, got {_kind(settings)}"
+            )
+            continue
+        _check_keys(settings, keypath, {"profile": name}, (), source)
+        profile = settings.get("profile", name)
+        if not isinstance(profile, str) or not profile:
+            source.issue((*keypath, "profile"), f"expected a profile GPU-type key, got {profile!r}")
+            continue
+        result.append(GpuTypeConfig(name=name, profile=profile))
+    return tuple(result)
+
+
+def _partitions(value: Any, source: YamlSource) -> tuple[PartitionConfig, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value:
+        source.issue(
+            ("partitions",),
+            "expected a non-empty mapping of Slurm partition name to "
+            f"{{gpu_type, gpus_per_node}}, got {_kind(value)}",
+        )
+        return ()
+    result = []
+    for name, settings in value.items():
+        keypath = ("partitions", name)
+        _check_name(name, keypath, "partition", source)
+        if not isinstance(settings, dict):
+            source.issue(
+                keypath,
+                "expected a mapping like {gpu_type: a100, gpus_per_node: 4}, "
+                f"got {_kind(settings)}",
+            )
+            continue
+        _check_keys(
+            settings,
+            keypath,
+            {"gpu_type": None, "gpus_per_node": None},
+            ("gpu_type", "gpus_per_node"),
+            source,
+        )
+        gpu_type = settings.get("gpu_type")
+        gpus = settings.get("gpus_per_node")
+        ok = True
+        if "gpu_type" in settings and (not isinstance(gpu_type, str) or not gpu_type):
+            source.issue((*keypath, "gpu_type"), f"expected a GPU type name, got {gpu_type!r}")
+            ok = False
+        if "gpus_per_node" in settings and (
+            isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0
+        ):
+            source.issue((*keypath, "gpus_per_node"), f"expected a positive integer, got {gpus!r}")
+            ok = False
+        if ok and gpu_type is not None and gpus is not None:
+            result.append(PartitionConfig(name=name, gpu_type=gpu_type, gpus_per_node=gpus))
+    return tuple(result)
+
+
+def _cross_check(
+    gpu_types: tuple[GpuTypeConfig, ...],
+    partitions: tuple[PartitionConfig, ...],
+    data: dict[str, Any],
+    source: YamlSource,
+) -> None:
+    """One partition per GPU type, and every declared GPU type has its partition."""
+    declared = {gpu.name for gpu in gpu_types}
+    owner: dict[str, str] = {}
+    for partition in partitions:
+        keypath = ("partitions", partition.name, "gpu_type")
+        if declared and partition.gpu_type not in declared:
+            source.issue(
+                keypath,
+                f"GPU type {partition.gpu_type!r} is not declared under "
+                f"gpu_types (declared: {', '.join(sorted(declared))})",
+            )
+        if partition.gpu_type in owner:
+            source.issue(
+                keypath,
+                f"GPU type {partition.gpu_type!r} is already mapped by "
+                f"partition {owner[partition.gpu_type]!r}; sia-slurm needs exactly one "
+                "partition per GPU type",
+            )
+        owner.setdefault(partition.gpu_type, partition.name)
+    if isinstance(data.get("partitions"), dict) and data["partitions"]:
+        for gpu in gpu_types:
+            if gpu.name not in owner:
+                source.issue(
+                    ("gpu_types", gpu.name),
+                    "GPU type has no partition: map a "
+                    "partition to it under partitions, or remove it",
+                )
+
+
+def _check_policy(policy: PolicyConfig, source: YamlSource) -> None:
+    if policy.name not in POLICY_NAMES:
+        source.issue(
+            ("policy", "name"), f"expected one of {', '.join(POLICY_NAMES)}, got {policy.name!r}"
+        )
+    if policy.p == 0:
+        source.issue(("policy", "p"), "expected a non-zero fairness power (the paper uses -0.5)")
+    elif math.copysign(1, policy.lambda_n) == math.copysign(1, policy.p):
+        source.issue(
+            ("policy", "lambda_n"),
+            f"must have the opposite sign of p (p={policy.p:g}, "
+            f"lambda_n={policy.lambda_n:g}); e.g. p=-0.5 with lambda_n=1.1",
+        )
+    if abs(policy.lambda_n) <= 1:
+        source.issue(
+            ("policy", "lambda_n"),
+            f"expected |lambda_n| > 1 so that allocating a "
+            f"job always beats leaving it queued, got {policy.lambda_n:g}",
+        )
+    if policy.lambda_a < 0:
+        source.issue(
+            ("policy", "lambda_a"), f"expected a non-negative number, got {policy.lambda_a:g}"
+        )
+    if policy.max_growth < 1:
+        source.issue(("policy", "max_growth"), f"expected a factor >= 1, got {policy.max_growth:g}")
+    if policy.solver_time_limit_s <= 0:
+        source.issue(
+            ("policy", "solver_time_limit_s"),
+            f"expected a positive number of seconds, got {policy.solver_time_limit_s:g}",
+        )
+    if not 0 <= policy.solver_mip_gap < 1:
+        source.issue(
+            ("policy", "solver_mip_gap"),
+            f"expected a relative gap in [0, 1), got {policy.solver_mip_gap:g}",
+        )
+
+
+def _dataclass(cls: type, value: Any, keypath: KeyPath, source: YamlSource) -> Any:
+    """Build a flat dataclass of scalars from ``value``, reporting unknown keys and bad types."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        source.issue(keypath, f"expected a mapping of settings, got {_kind(value)}")
+        return None
+    hints = get_type_hints(cls)
+    defaults = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls)}
+    _check_keys(value, keypath, defaults, (), source)
+    kwargs = {}
+    for name, default in defaults.items():
+        raw = value.get(name, default)
+        converted = _convert(raw, hints[name], (*keypath, name), source)
+        if converted is None:
+            return None
+        kwargs[name] = converted
+    return cls(**kwargs)
+
+
+def _convert(value: Any, hint: Any, keypath: KeyPath, source: YamlSource) -> Any:
+    if hint is float:
+        return _number(value, keypath, source)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        source.issue(keypath, f"expected true or false, got {value!r}")
+        return None
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        source.issue(keypath, f"expected a string, got {_kind(value)} {value!r}")
+        return None
+    raise TypeError(f"unsupported config field type {hint!r}")
+
+
+def _number(value: Any, keypath: KeyPath, source: YamlSource) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        source.issue(keypath, f"expected a number, got {_kind(value)} {value!r}")
+        return None
+    return float(value)
+
+
+def _check_keys(
+    mapping: dict[str, Any],
+    keypath: KeyPath,
+    allowed: dict[str, Any],
+    required: tuple[str, ...],
+    source: YamlSource,
+) -> None:
+    for key in mapping:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            source.issue(
+                (*keypath, key), f"unknown key; {hint}valid keys here: {', '.join(allowed)}"
+            )
+    for key in required:
+        if key not in mapping:
+            where = ".".join(keypath) or "the top level"
+            source.issue((*keypath, key), f"missing: this key is required in {where}")
+
+
+def _check_name(name: str, keypath: KeyPath, what: str, source: YamlSource) -> None:
+    if not _SLURM_NAME.match(name):
+        source.issue(
+            keypath, f"expected a {what} name of letters, digits, '_', '.' or '-', got {name!r}"
+        )
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)

@@ -1,0 +1,79 @@
+"""Core vocabulary shared by the model, the policies, the simulator and the controller.
+
+These types are the seam between the goodput model (``sia_slurm.model``) and the allocation
+policies (``sia_slurm.policy``): a policy asks a job's :class:`GoodputEstimator` for its whole row
+of configurations in one call and gets a :class:`GoodputRow` back. Nothing here does I/O.
+
+Names follow the Sia paper: a *configuration* is (GPU type, nodes, GPUs); *goodput* is
+throughput x statistical efficiency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, order=True)
+class Configuration:
+    """``gpus`` GPUs of type ``gpu_type`` spread evenly over ``nodes`` nodes."""
+
+    gpu_type: str
+    nodes: int
+    gpus: int
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus < self.nodes:
+            raise ValueError(
+                f"configuration needs 1 <= nodes <= gpus, got nodes={self.nodes} gpus={self.gpus}"
+            )
+
+    def __str__(self) -> str:
+        return f"{self.gpu_type}:{self.nodes}x{self.gpus}"
+
+
+class JobKind(StrEnum):
+    """What the scheduler may change about a job (reference section 4, "Job kinds")."""
+
+    ADAPTIVE = "adaptive"  # GPU type, GPU count and batch size
+    STRONG_SCALING = "strong-scaling"  # GPU type and count; batch size fixed
+    RIGID = "rigid"  # GPU type only; count and batch size fixed
+    PINNED = "pinned"  # nothing: fixed type and count, non-preemptible
+
+
+@dataclass(frozen=True)
+class GoodputRow:
+    """A job's predicted performance on each of a list of configurations, plus the batch choice.
+
+    Every array has one entry per configuration, in the order the configurations were given.
+    Infeasible configurations (the batch cannot fit, or the job may not take them) have goodput 0.
+
+    ``accum_steps`` follows Pollux's convention: the number of *extra* micro-batches per optimizer
+    step, so a step processes ``local_bsz * (accum_steps + 1)`` samples per GPU and the global batch
+    is ``gpus * local_bsz * (accum_steps + 1)``.
+    """
+
+    goodput: np.ndarray  # float64, efficiency-adjusted samples per second
+    throughput: np.ndarray  # float64, raw samples per second
+    efficiency: np.ndarray  # float64 in (0, 1]
+    batch_size: np.ndarray  # int64, global batch size M
+    local_bsz: np.ndarray  # int64, per-GPU micro-batch m
+    accum_steps: np.ndarray  # int64, extra micro-batches s (0 = no accumulation)
+
+
+class GoodputEstimator(Protocol):
+    """One job's goodput model: what a policy needs to score configurations.
+
+    Implementations hold the job's fitted per-GPU-type throughput models, its gradient statistics,
+    initial batch size M0 and batch-size limits. ``fixed_batch`` evaluates only the job's current
+    batch size (strong-scaling and rigid jobs); otherwise the batch size is optimised per
+    configuration.
+    """
+
+    def evaluate(
+        self, configs: Sequence[Configuration], *, fixed_batch: bool = False
+    ) -> GoodputRow: ...

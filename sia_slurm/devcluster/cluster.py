@@ -1,0 +1,377 @@
+"""``DevCluster``: bring a local multi-node Slurm up, report on it, and take it down.
+
+Everything lives under one directory (config, munge key and socket, state, spool, logs, fake GPU
+device files, and ``cluster.json`` recording the pids we started). ``up`` is idempotent: a
+cluster already running there is reused, never started twice. Nothing is installed: missing
+binaries are reported with the Debian packages that provide them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon, stop_daemons
+from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
+from sia_slurm.devcluster.spec import DevClusterSpec
+from sia_slurm.slurm.inventory import parse_nodes
+from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+
+DEFAULT_DIR = Path("/tmp/sia-slurm-dev")
+DEFAULT_PORT_BASE = 16817
+PACKAGES = "slurmctld slurmd slurm-client munge"
+_BINARIES = (
+    "munged",
+    "mungekey",
+    "munge",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sinfo",
+    "squeue",
+    "sbatch",
+    "scancel",
+)
+_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+
+Log = Callable[[str], None]
+
+
+class DevClusterError(RuntimeError):
+    """The dev cluster could not be started, checked or stopped; the message says why."""
+
+
+class DevCluster:
+    """A dev cluster rooted at ``root``; ``spec`` and ``port_base`` matter only for ``up``."""
+
+    def __init__(
+        self, root: Path = DEFAULT_DIR, port_base: int = DEFAULT_PORT_BASE, log: Log | None = None
+    ):
+        root = Path(root).absolute()
+        self.layout = ClusterLayout(
+            root=root, hostname=socket.gethostname(), user=getpass.getuser(), port_base=port_base
+        )
+        self._log = log or (lambda message: None)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm client commands aimed at this cluster."""
+        return {"SLURM_CONF": str(self.layout.slurm_conf)}
+
+    def runner(self, timeout_s: float = 30.0) -> SubprocessRunner:
+        return SubprocessRunner(env=self.env, timeout_s=timeout_s)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def up(self, spec: DevClusterSpec, timeout_s: float = 90.0) -> bool:
+        """Start the cluster unless it already runs; return True when it was started now."""
+        running = self._recorded()
+        if running is not None:
+            old_spec, records = running
+            alive = [r for r in records if is_alive(r)]
+            if len(alive) == len(records):
+                if old_spec != str(spec):
+                    raise DevClusterError(
+                        f"a dev cluster with spec {old_spec} already runs in {self.layout.root}; "
+                        f"run `sia-slurm dev-cluster down --dir {self.layout.root}` first to "
+                        f"start one with spec {spec}"
+                    )
+                self._log(f"dev cluster already up in {self.layout.root} ({old_spec})")
+                return False
+            if alive:
+                dead = ", ".join(r.role for r in records if r not in alive)
+                raise DevClusterError(
+                    f"the dev cluster in {self.layout.root} is partly running ({dead} stopped); "
+                    f"run `sia-slurm dev-cluster down --dir {self.layout.root}` and then up again"
+                )
+            self.layout.state_file.unlink()
+        binaries = find_binaries()
+        self._check_ports(spec)
+        self._prepare_files(spec, binaries)
+        records: list[DaemonRecord] = []
+        try:
+            records.append(self._start_munge(binaries))
+            self._save(spec, records)
+            records.append(self._start_slurmctld(binaries))
+            self._save(spec, records)
+            self._wait_for_controller(records[-1], timeout_s)
+            for node in spec.node_names():
+                records.append(
+                    start_daemon(
+                        f"slurmd:{node}",
+                        [binaries["slurmd"], "-D", "-N", node, "-f", str(self.layout.slurm_conf)],
+                        self.layout.log_dir / f"slurmd-{node}.out",
+                        marker=str(self.layout.slurm_conf),
+                    )
+                )
+            self._save(spec, records)
+            self._wait_for_idle(spec, timeout_s)
+        except BaseException:
+            stop_daemons(list(reversed(records)))
+            self.layout.state_file.unlink(missing_ok=True)
+            raise
+        self._log(f"dev cluster up in {self.layout.root}: {spec}")
+        return True
+
+    def down(self, timeout_s: float = 30.0) -> bool:
+        """Cancel every job, then stop exactly the daemons we started; False if none ran."""
+        recorded = self._recorded()
+        if recorded is None:
+            self._log(f"no dev cluster recorded in {self.layout.root}")
+            return False
+        _, records = recorded
+        controller = next((r for r in records if r.role == "slurmctld"), None)
+        if controller is not None and is_alive(controller):
+            self._cancel_all_jobs(timeout_s)
+        killed = stop_daemons(list(reversed(records)))
+        if killed:
+            self._log(f"had to SIGKILL: {', '.join(killed)}")
+        self.layout.state_file.unlink(missing_ok=True)
+        self._log(f"dev cluster in {self.layout.root} stopped")
+        return True
+
+    def is_up(self) -> bool:
+        recorded = self._recorded()
+        return recorded is not None and all(is_alive(r) for r in recorded[1])
+
+    def status(self) -> str:
+        """Daemons, nodes (state and GRES per partition) and the job queue, as text."""
+        recorded = self._recorded()
+        if recorded is None:
+            return f"no dev cluster in {self.layout.root}"
+        spec, records = recorded
+        lines = [
+            f"dev cluster in {self.layout.root}: {spec}",
+            f"export SLURM_CONF={self.layout.slurm_conf}",
+            "",
+            "daemons:",
+        ]
+        lines += [
+            f"  {r.role:<20} pid {r.pid:<8} {'running' if is_alive(r) else 'STOPPED'}"
+            for r in records
+        ]
+        if not self.is_up():
+            return "\n".join(lines)
+        runner = self.runner()
+        nodes = runner.run(["sinfo", "-N", "-o", "%N %P %T %G"]).stdout
+        queue = runner.run(["squeue", "-o", "%i %P %j %u %T %D %b %R"]).stdout
+        lines += ["", "nodes:"] + [f"  {line}" for line in nodes.splitlines()]
+        lines += ["", "jobs:"] + [f"  {line}" for line in queue.splitlines()]
+        return "\n".join(lines)
+
+    # ---- steps of up/down -----------------------------------------------------------------
+
+    def _check_ports(self, spec: DevClusterSpec) -> None:
+        for port in self.layout.ports(spec):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("0.0.0.0", port))
+                except OSError:
+                    raise DevClusterError(
+                        f"port {port} is in use; the dev cluster needs ports "
+                        f"{self.layout.port_base}-{self.layout.ports(spec)[-1]}: pick another "
+                        "range with --port-base"
+                    ) from None
+
+    def _prepare_files(self, spec: DevClusterSpec, binaries: dict[str, str]) -> None:
+        layout = self.layout
+        for sub in ("etc", "state", "spool", "run", "log", "dev"):
+            (layout.root / sub).mkdir(parents=True, exist_ok=True)
+        # munged insists that its key and key directory are private, and the socket
+        # directory must be reachable by every user that submits jobs.
+        layout.munge_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(layout.munge_key.parent, 0o700)
+        os.chmod(layout.munge_socket.parent, 0o755)
+        if not layout.munge_key.exists():
+            _run_setup([binaries["mungekey"], "-c", "-k", str(layout.munge_key)])
+        state_dir = layout.root / "state"
+        shutil.rmtree(state_dir)
+        state_dir.mkdir()
+        self._make_gpu_files(spec)
+        layout.slurm_conf.write_text(render_slurm_conf(spec, layout))
+        layout.gres_conf.write_text(render_gres_conf(spec, layout))
+
+    def _make_gpu_files(self, spec: DevClusterSpec) -> None:
+        """Character devices 195:N (like /dev/nvidiaN) so Slurm sets CUDA_VISIBLE_DEVICES.
+
+        Without root (no mknod) plain empty files still make typed GPUs schedulable; jobs then
+        see SLURM_GPUS_ON_NODE but an empty CUDA_VISIBLE_DEVICES.
+        """
+        minor = 0
+        for group in spec.groups:
+            for node in group.node_names():
+                for path in self.layout.gpu_files(node, group.gpus_per_node):
+                    if not path.exists():
+                        try:
+                            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, minor % 256))
+                        except PermissionError:
+                            path.touch()
+                    minor += 1
+
+    def _start_munge(self, binaries: dict[str, str]) -> DaemonRecord:
+        layout = self.layout
+        layout.munge_socket.unlink(missing_ok=True)
+        record = start_daemon(
+            "munged",
+            [
+                binaries["munged"],
+                "--foreground",
+                "--force",
+                f"--socket={layout.munge_socket}",
+                f"--key-file={layout.munge_key}",
+                f"--pid-file={layout.root}/run/munged.pid",
+                f"--log-file={layout.log_dir}/munged.log",
+                f"--seed-file={layout.root}/run/munged.seed",
+            ],
+            layout.log_dir / "munged.out",
+            marker=str(layout.munge_socket),
+        )
+        deadline = time.monotonic() + 15
+        while not layout.munge_socket.exists():
+            if time.monotonic() > deadline or not is_alive(record):
+                raise DevClusterError(
+                    "munged did not start: " + _tail(layout.log_dir / "munged.out")
+                )
+            time.sleep(0.05)
+        return record
+
+    def _start_slurmctld(self, binaries: dict[str, str]) -> DaemonRecord:
+        return start_daemon(
+            "slurmctld",
+            [binaries["slurmctld"], "-D", "-c", "-f", str(self.layout.slurm_conf)],
+            self.layout.log_dir / "slurmctld.out",
+            marker=str(self.layout.slurm_conf),
+        )
+
+    def _wait_for_controller(self, controller: DaemonRecord, timeout_s: float) -> None:
+        runner = self.runner(timeout_s=10)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not is_alive(controller):
+                raise DevClusterError(
+                    f"slurmctld exited:\n{_tail(self.layout.log_dir / 'slurmctld.log')}"
+                )
+            try:
+                if "is UP" in runner.run(["scontrol", "ping"], check=False).stdout:
+                    return
+            except CommandError:
+                pass
+            if time.monotonic() > deadline:
+                raise DevClusterError(
+                    "slurmctld did not answer `scontrol ping` within "
+                    f"{timeout_s:g} s:\n{_tail(self.layout.log_dir / 'slurmctld.log')}"
+                )
+            time.sleep(0.2)
+
+    def _wait_for_idle(self, spec: DevClusterSpec, timeout_s: float) -> None:
+        """Wait until every node is IDLE, resuming nodes that registered as DOWN."""
+        runner = self.runner(timeout_s=10)
+        wanted = set(spec.node_names())
+        deadline = time.monotonic() + timeout_s
+        resumed: set[str] = set()
+        while True:
+            nodes = {
+                n.name: n
+                for n in parse_nodes(runner.run(["scontrol", "-o", "show", "node"]).stdout)
+                if n.name in wanted
+            }
+            states = {name: node.state.upper() for name, node in nodes.items()}
+            if len(states) == len(wanted) and all(s == "IDLE" for s in states.values()):
+                return
+            for name, state in states.items():
+                if (
+                    ("DOWN" in state or "DRAIN" in state)
+                    and name not in resumed
+                    and "NOT_RESPONDING" not in state
+                    and not state.endswith("*")
+                ):
+                    runner.run(
+                        ["scontrol", "update", f"nodename={name}", "state=resume"], check=False
+                    )
+                    resumed.add(name)
+            if time.monotonic() > deadline:
+                report = ", ".join(f"{n}={s}" for n, s in sorted(states.items()))
+                raise DevClusterError(
+                    f"nodes did not become idle within {timeout_s:g} s ({report}); see the logs "
+                    f"in {self.layout.log_dir}"
+                )
+            time.sleep(0.2)
+
+    def _cancel_all_jobs(self, timeout_s: float) -> None:
+        runner = self.runner(timeout_s=10)
+        try:
+            jobs = runner.run(["squeue", "-h", "-o", "%A"]).stdout.split()
+            if not jobs:
+                return
+            runner.run(["scancel", *jobs], check=False)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                states = runner.run(["squeue", "-h", "-o", "%T"]).stdout.split()
+                if all(s in ("COMPLETED", "CANCELLED", "FAILED") for s in states):
+                    return
+                time.sleep(0.2)
+            self._log(f"jobs still present after {timeout_s:g} s; stopping the daemons anyway")
+        except CommandError as exc:
+            self._log(f"could not cancel jobs: {exc}")
+
+    # ---- the record of what we started ----------------------------------------------------
+
+    def _save(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None:
+        payload = {
+            "spec": str(spec),
+            "port_base": self.layout.port_base,
+            "slurm_conf": str(self.layout.slurm_conf),
+            "daemons": [asdict(r) for r in records],
+        }
+        tmp = self.layout.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload, indent=2))
+        tmp.replace(self.layout.state_file)
+
+    def _recorded(self) -> tuple[str, list[DaemonRecord]] | None:
+        path = self.layout.state_file
+        if not path.exists():
+            return None
+        try:
+            payload = json.loads(path.read_text())
+            records = [DaemonRecord(**item) for item in payload["daemons"]]
+            return str(payload["spec"]), records
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DevClusterError(
+                f"{path}: unreadable record of the dev cluster ({exc}); "
+                "stop its daemons by hand and delete the file"
+            ) from None
+
+
+def find_binaries() -> dict[str, str]:
+    """Paths of the Slurm and munge programs; a clear error naming packages if any is missing."""
+    found = {name: shutil.which(name, path=_SEARCH_PATH) for name in _BINARIES}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        raise DevClusterError(
+            f"missing programs: {', '.join(missing)}. On Debian/Ubuntu install them with:\n"
+            f"  apt-get install -y --no-install-recommends {PACKAGES}"
+        )
+    return {name: str(path) for name, path in found.items()}
+
+
+def _run_setup(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise DevClusterError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return f"({path} does not exist)"

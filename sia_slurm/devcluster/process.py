@@ -1,0 +1,86 @@
+"""Start daemons in the foreground under our control and stop exactly those, by pid.
+
+Each daemon runs with its "stay in the foreground" flag, so the pid we get from Popen is the
+daemon's own; it gets a session of its own so it outlives the command that started it. Before
+signalling a recorded pid we check that it still runs the same program with our config (a pid can
+be reused after a crash), and a daemon that is our own exited child is reaped, not mistaken for
+alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DaemonRecord:
+    """A started daemon: its role (e.g. ``slurmd:a100-1``), pid and an identifying marker.
+
+    ``marker`` is a string that must appear in the process's command line (the path of our
+    slurm.conf or munge socket), which ties the pid to this cluster.
+    """
+
+    role: str
+    pid: int
+    marker: str
+
+
+def start_daemon(role: str, argv: Sequence[str], log_path: Path, marker: str) -> DaemonRecord:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return DaemonRecord(role=role, pid=proc.pid, marker=marker)
+
+
+def is_alive(record: DaemonRecord) -> bool:
+    """True when ``record.pid`` is a live (not zombie) process that carries our marker."""
+    _reap(record.pid)
+    try:
+        stat = Path(f"/proc/{record.pid}/stat").read_text()
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X") and record.marker in cmdline
+
+
+def stop_daemons(records: Sequence[DaemonRecord], timeout_s: float = 15.0) -> list[str]:
+    """SIGTERM each live daemon, wait, then SIGKILL stragglers; return what was killed hard."""
+    live = [r for r in records if is_alive(r)]
+    for record in live:
+        _signal(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(is_alive(r) for r in live):
+        time.sleep(0.1)
+    killed = []
+    for record in live:
+        if is_alive(record):
+            _signal(record.pid, signal.SIGKILL)
+            killed.append(record.role)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(is_alive(r) for r in live):
+        time.sleep(0.05)
+    return killed
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,130 @@
+"""slurm.conf and gres.conf for a dev cluster: pure text from the spec and the layout.
+
+Facts these rely on (verified on Slurm 22.05, see docs/dev-cluster.md): several slurmd on one
+host need their own Port=, the host's name as NodeHostname and 127.0.0.1 as NodeAddr; typed GPUs
+need gres.conf File= entries or slurmd drops them; CPUs beyond the host's are accepted with
+SlurmdParameters=config_overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sia_slurm.devcluster.spec import DevClusterSpec
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Where a dev cluster keeps its files and which ports and user it uses."""
+
+    root: Path
+    hostname: str
+    user: str
+    port_base: int
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.root / "etc" / "gres.conf"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.root / "munge" / "munge.key"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "run" / "munge.socket"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def gpu_dir(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    def slurmd_port(self, index: int) -> int:
+        return self.port_base + 1 + index
+
+    def ports(self, spec: DevClusterSpec) -> list[int]:
+        return [self.port_base] + [self.slurmd_port(i) for i in range(len(spec.node_names()))]
+
+    def gpu_files(self, node: str, count: int) -> list[Path]:
+        return [self.gpu_dir / f"{node}-nvidia{i}" for i in range(count)]
+
+
+def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
+    root = layout.root
+    lines = [
+        "# Written by `sia-slurm dev-cluster up`; regenerated on every start.",
+        "ClusterName=siadev",
+        f"SlurmctldHost={layout.hostname}(127.0.0.1)",
+        f"SlurmctldPort={layout.port_base}",
+        f"SlurmdPort={layout.slurmd_port(0)}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        # cred_expire: a requeued job may start again only cred_expire + 1 s after it ended.
+        f"AuthInfo=socket={layout.munge_socket},cred_expire=30",
+        f"SlurmUser={layout.user}",
+        f"SlurmdUser={layout.user}",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmctldPidFile={root}/run/slurmctld.pid",
+        f"SlurmdPidFile={root}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={layout.log_dir}/slurmctld.log",
+        f"SlurmdLogFile={layout.log_dir}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=5",
+        "ReturnToService=2",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "MpiDefault=none",
+        "JobRequeue=1",
+        "MinJobAge=600",
+        "KillWait=10",
+        "GresTypes=gpu",
+        "SlurmdParameters=config_overrides",
+    ]
+    index = 0
+    for group in spec.groups:
+        cpus = max(4, 2 * group.gpus_per_node)
+        for node in group.node_names():
+            lines.append(
+                f"NodeName={node} NodeHostname={layout.hostname} NodeAddr=127.0.0.1 "
+                f"Port={layout.slurmd_port(index)} CPUs={cpus} "
+                f"Gres=gpu:{group.gpu_type}:{group.gpus_per_node} State=UNKNOWN"
+            )
+            index += 1
+    for position, group in enumerate(spec.groups):
+        default = "YES" if position == 0 else "NO"
+        nodes = ",".join(group.node_names())
+        lines.append(
+            f"PartitionName={group.partition} Nodes={nodes} Default={default} "
+            "MaxTime=INFINITE State=UP"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
+    lines = [
+        "# Written by `sia-slurm dev-cluster up`: fake GPUs, one device file each.",
+        "AutoDetect=off",
+    ]
+    for group in spec.groups:
+        for node in group.node_names():
+            files = ",".join(str(f) for f in layout.gpu_files(node, group.gpus_per_node))
+            lines.append(f"NodeName={node} Name=gpu Type={group.gpu_type} File={files}")
+    return "\n".join(lines) + "\n"

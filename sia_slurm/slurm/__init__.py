@@ -1,0 +1,1 @@
+"""Everything that talks to Slurm: the command runner, output parsers, the dev cluster."""
