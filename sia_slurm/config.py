@@ -32,7 +32,7 @@ class ConfigError(ValueError):
     """A configuration file could not be used; ``issues`` lists every problem found."""
 
     def __init__(self, issues: list[SourceIssue]):
-        self.issues = list(issues)
+        self.issues = sorted(issues, key=lambda issue: issue.line or 0)  # in file order
         super().__init__("\n".join(str(issue) for issue in self.issues))
 
 
@@ -335,13 +335,16 @@ def _cross_check(
                 "partition per GPU type",
             )
         owner.setdefault(partition.gpu_type, partition.name)
-    if isinstance(data.get("partitions"), dict) and data["partitions"]:
+    raw = data.get("partitions")
+    if isinstance(raw, dict) and raw:
+        # Count partitions that failed their own checks too, so one mistake is reported once.
+        named = {s.get("gpu_type") for s in raw.values() if isinstance(s, dict)}
         for gpu in gpu_types:
-            if gpu.name not in owner:
+            if gpu.name not in named:
                 source.issue(
                     ("gpu_types", gpu.name),
-                    "GPU type has no partition: map a "
-                    "partition to it under partitions, or remove it",
+                    "GPU type has no partition: map a partition to it under partitions, "
+                    "or remove it",
                 )
 
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything sia-slurm needs on a fresh Debian/Ubuntu machine (as root):
+# Slurm and munge from the distribution, PyTorch's CPU build, and this project with its extras.
+# Safe to run again: what is already there is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages="slurmctld slurmd slurm-client munge"
+missing=0
+for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey; do
+    command -v "$program" >/dev/null 2>&1 || [ -x "/usr/sbin/$program" ] || missing=1
+done
+if [ "$missing" = 1 ]; then
+    echo "install: apt-get install $packages" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $packages >/dev/null
+fi
+
+pip() { python3 -m pip --disable-pip-version-check --root-user-action=ignore "$@"; }
+# torch==2.13.0 resolves to the CPU wheel on these machines; an unpinned torch pulls CUDA.
+python3 -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
+pip install -q -e ".[train,dev]"
+echo "install: done ($(slurmctld -V), $(python3 --version), sia-slurm $(python3 -c 'import sia_slurm; print(sia_slurm.__version__)'))" >&2

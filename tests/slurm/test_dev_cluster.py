@@ -1,0 +1,194 @@
+"""The dev cluster against the real daemons: typed GPUs schedule where they should, `up` is
+idempotent, `down` stops exactly what `up` started, and `config check --live` sees mismatches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sia_slurm.cli.main import cli
+from sia_slurm.devcluster import DevCluster, DevClusterSpec
+from sia_slurm.devcluster.process import DaemonRecord, is_alive
+from sia_slurm.slurm.inventory import parse_records, read_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def wait_for_job(cluster: DevCluster, job_id: str, timeout_s: float = 60) -> dict[str, str]:
+    runner = cluster.runner()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        (record,) = parse_records(runner.run(["scontrol", "-o", "show", "job", job_id]).stdout)
+        if record["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return record
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s: {record}")
+
+
+def sbatch(cluster: DevCluster, *args: str) -> str:
+    out = cluster.runner().run(["sbatch", "--parsable", *args]).stdout
+    return out.strip().split(";")[0]
+
+
+def test_nodes_are_idle_with_typed_gpus(
+    dev_cluster: DevCluster, dev_cluster_spec: DevClusterSpec
+) -> None:
+    inventory = read_inventory(dev_cluster.runner())
+    for group in dev_cluster_spec.groups:
+        nodes = inventory.nodes_of(group.partition)
+        assert [n.name for n in nodes] == group.node_names()
+        for node in nodes:
+            assert node.state == "IDLE"
+            assert node.gpus(group.gpu_type) == group.gpus_per_node == node.gpus()
+
+
+@pytest.mark.parametrize("gpu_type", ["a100", "rtx", "t4"])
+def test_typed_gpu_job_runs_on_its_partition(
+    dev_cluster: DevCluster, tmp_path: Path, gpu_type: str
+) -> None:
+    out = tmp_path / "job.out"
+    script = (
+        'echo "$SLURMD_NODENAME $SLURM_JOB_PARTITION $SLURM_GPUS_ON_NODE $CUDA_VISIBLE_DEVICES"'
+    )
+    job = sbatch(
+        dev_cluster, "-p", gpu_type, f"--gres=gpu:{gpu_type}:2", "-o", str(out), "--wrap", script
+    )
+    record = wait_for_job(dev_cluster, job)
+    assert record["JobState"] == "COMPLETED", record
+    node, partition, gpus, visible = out.read_text().split()
+    assert node in (f"{gpu_type}-1", f"{gpu_type}-2")
+    assert partition == gpu_type
+    assert gpus == "2"
+    assert len(visible.split(",")) == 2  # fake device nodes make Slurm bind GPUs
+
+
+def test_gpu_type_not_in_partition_is_refused(dev_cluster: DevCluster) -> None:
+    result = dev_cluster.runner().run(
+        ["sbatch", "-p", "t4", "--gres=gpu:a100:1", "--wrap", "true"], check=False
+    )
+    assert result.returncode != 0
+    assert "Requested node configuration is not available" in result.stderr
+
+
+def test_two_node_job_gets_whole_nodes(dev_cluster: DevCluster, tmp_path: Path) -> None:
+    out = tmp_path / "job.out"
+    job = sbatch(
+        dev_cluster,
+        "-p",
+        "a100",
+        "-N",
+        "2",
+        "--gres=gpu:a100:4",
+        "-o",
+        str(out),
+        "--wrap",
+        "srun bash -c 'echo $SLURMD_NODENAME:$SLURM_GPUS_ON_NODE'",
+    )
+    assert wait_for_job(dev_cluster, job)["JobState"] == "COMPLETED"
+    assert sorted(out.read_text().split()) == ["a100-1:4", "a100-2:4"]
+
+
+def test_up_twice_starts_nothing(dev_cluster: DevCluster, dev_cluster_spec: DevClusterSpec) -> None:
+    before = json.loads(dev_cluster.layout.state_file.read_text())["daemons"]
+    assert dev_cluster.up(dev_cluster_spec) is False
+    after = json.loads(dev_cluster.layout.state_file.read_text())["daemons"]
+    assert before == after
+    other = DevClusterSpec.parse("a100:1x4")
+    with pytest.raises(Exception, match="already runs"):
+        dev_cluster.up(other)
+
+
+def test_config_check_live(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    runner = CliRunner()
+    good = runner.invoke(cli, ["config", "check", "--live", str(REPO / "etc" / "sia.yaml")])
+    assert good.exit_code == 0, good.output
+    assert "OK (live: a100=gpu:a100:4, rtx=gpu:rtx:4, t4=gpu:t4:4)" in good.output
+
+    bad = tmp_path / "sia.yaml"
+    bad.write_text(
+        "state_dir: /tmp/sia\npartitions:\n"
+        "  a100: {gpu_type: a100, gpus_per_node: 8}\n"
+        "  t4: {gpu_type: rtx, gpus_per_node: 4}\n"
+        "  h100: {gpu_type: h100, gpus_per_node: 8}\n"
+    )
+    result = runner.invoke(cli, ["config", "check", "--live", str(bad)])
+    assert result.exit_code == 1
+    assert "node a100-1 has Gres=gpu:a100:4, expected gpu:a100:8" in result.output
+    assert "node t4-2 has Gres=gpu:t4:4, expected gpu:rtx:4" in result.output
+    assert "Slurm has no partition 'h100' (it has: a100, rtx, t4)" in result.output
+    assert "5 mismatch(es) with the running Slurm" in result.output
+
+
+def test_status_shows_nodes_and_jobs(dev_cluster: DevCluster) -> None:
+    job = sbatch(
+        dev_cluster,
+        "-p",
+        "rtx",
+        "--gres=gpu:rtx:1",
+        "-J",
+        "status-probe",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 30",
+    )
+    try:
+        text = (
+            CliRunner()
+            .invoke(cli, ["dev-cluster", "status", "--dir", str(dev_cluster.layout.root)])
+            .output
+        )
+        assert "slurmd:t4-2" in text and "STOPPED" not in text
+        assert "rtx-1 rtx idle gpu:rtx:4" in text or "rtx-2 rtx idle gpu:rtx:4" in text
+        assert f"{job} rtx status-probe" in text
+    finally:
+        dev_cluster.runner().run(["scancel", job])
+
+
+def test_cli_lifecycle_of_a_second_cluster(tmp_path: Path) -> None:
+    """up (twice), status and down through the installed console script, on other ports."""
+    root = tmp_path / "second"
+    env = {**os.environ, "SIA_DEV_CLUSTER_DIR": str(root)}
+    env.pop("SLURM_CONF", None)
+    command = [sys.executable, "-m", "sia_slurm.cli", "dev-cluster"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    up = run("up", "--spec", "v100:2x2", "--port-base", "18817")
+    assert up.returncode == 0, up.stderr
+    assert up.stdout == f"export SLURM_CONF={root}/etc/slurm.conf\n"
+    daemons = [
+        DaemonRecord(**d) for d in json.loads((root / "cluster.json").read_text())["daemons"]
+    ]
+    try:
+        assert [d.role for d in daemons] == [
+            "munged",
+            "slurmctld",
+            "slurmd:v100-1",
+            "slurmd:v100-2",
+        ]
+        assert all(is_alive(d) for d in daemons)
+        again = run("up", "--spec", "v100:2x2", "--port-base", "18817")
+        assert again.returncode == 0 and "already up" in again.stderr
+        assert [
+            DaemonRecord(**d) for d in json.loads((root / "cluster.json").read_text())["daemons"]
+        ] == daemons
+        status = run("status")
+        assert status.returncode == 0
+        assert "v100-2 v100* idle gpu:v100:2" in status.stdout
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    assert not any(is_alive(d) for d in daemons)
+    assert not (root / "cluster.json").exists()
+    assert run("status").returncode == 1

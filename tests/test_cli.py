@@ -1,0 +1,105 @@
+"""Every command has a man-page-like --help; sia-sbatch refuses to submit until implemented."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from launcher.sbatch import cli as sbatch_cli
+from sia_slurm.cli.main import cli
+
+
+def all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [prefix]
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += all_commands(command, (*prefix, name))
+        else:
+            found.append((*prefix, name))
+    return found
+
+
+COMMANDS = all_commands(cli)
+
+
+def test_expected_commands_exist() -> None:
+    for command in [
+        ("config", "check"),
+        ("dev-cluster", "up"),
+        ("dev-cluster", "down"),
+        ("dev-cluster", "status"),
+    ]:
+        assert command in COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "sia-slurm")
+def test_help_reads_like_a_man_page_summary(command: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    usage, _, rest = result.output.partition("\n")
+    assert usage.startswith(f"Usage: {' '.join(['cli', *command])}")
+    description = rest.strip().split("\n\n")[0]
+    assert len(description) > 20, f"no description for {command}: {result.output}"
+    assert description[0].isupper()
+    assert "-h, --help" in result.output
+
+
+def test_top_level_help_names_the_paper_and_the_config() -> None:
+    text = CliRunner().invoke(cli, ["--help"]).output
+    assert "Sia scheduler (SOSP 2023)" in text
+    assert "SIA_SLURM_CONFIG" in text
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0 and "sia-slurm, version" in result.output
+
+
+def test_config_check_ok_and_errors(tmp_path) -> None:
+    runner = CliRunner()
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "etc" / "sia.yaml"
+    ok = runner.invoke(cli, ["config", "check", str(example)])
+    assert ok.exit_code == 0 and ok.output.strip() == f"{example}: OK"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("state_dir: /x\nround_seconds: -1\npartitions: {a: {gpu_type: a}}\n")
+    result = runner.invoke(cli, ["config", "check", str(bad)])
+    assert result.exit_code == 1
+    assert f"{bad}:2: round_seconds: expected a positive number of seconds, got -1" in result.output
+    assert f"{bad}: 2 problem(s); configuration not usable" in result.output
+
+
+def test_config_check_uses_the_environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SIA_SLURM_CONFIG", str(tmp_path / "missing.yaml"))
+    result = CliRunner().invoke(cli, ["config", "check"])
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'missing.yaml'}: file not found" in result.output
+
+
+def test_dev_cluster_bad_spec_is_a_usage_error() -> None:
+    result = CliRunner().invoke(cli, ["dev-cluster", "up", "--spec", "a100:2by4"])
+    assert result.exit_code == 2
+    assert "bad cluster spec part 'a100:2by4'" in result.output
+
+
+def test_sia_sbatch_refuses_until_implemented() -> None:
+    result = CliRunner().invoke(sbatch_cli, ["--app", "cifar10", "train.py"])
+    assert result.exit_code == 2
+    assert "not implemented" in result.output
+    assert CliRunner().invoke(sbatch_cli, ["--help"]).exit_code == 0
+
+
+def test_readme_config_example_is_real_output(tmp_path, monkeypatch) -> None:
+    """The README shows `cat bad.yaml` and `sia-slurm config check bad.yaml`; both must hold."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("```console\n$ cat bad.yaml\n", 1)[1].split("\n```", 1)[0]
+    content, output = block.split("$ sia-slurm config check bad.yaml\n")
+    (tmp_path / "bad.yaml").write_text(content)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["config", "check", "bad.yaml"])
+    assert result.exit_code == 1
+    assert result.output.strip() == output.strip()

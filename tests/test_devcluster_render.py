@@ -1,0 +1,88 @@
+"""Dev cluster spec parsing and the rendered Slurm config (pure; no daemons)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec
+from sia_slurm.devcluster.cluster import DevCluster, DevClusterError, find_binaries
+from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
+from sia_slurm.slurm.inventory import parse_records
+
+LAYOUT = ClusterLayout(root=Path("/srv/dev"), hostname="box", user="root", port_base=7000)
+
+
+def test_spec_round_trip() -> None:
+    spec = DevClusterSpec.parse("a100:2x4, t4:3x8")
+    assert spec.groups == (NodeGroupSpec("a100", 2, 4), NodeGroupSpec("t4", 3, 8))
+    assert str(spec) == "a100:2x4,t4:3x8"
+    assert spec.node_names() == ["a100-1", "a100-2", "t4-1", "t4-2", "t4-3"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a100", "expected TYPE:NODESxGPUS"),
+        ("A100:1x4", "lower-case"),
+        ("a100:0x4", "between 1 and 64"),
+        ("a100:1x4,a100:2x8", "appears twice"),
+        ("a100:1x4,", "bad cluster spec part ''"),
+    ],
+)
+def test_bad_specs(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DevClusterSpec.parse(text)
+
+
+def test_slurm_conf_has_one_port_per_node_and_a_partition_per_type() -> None:
+    text = render_slurm_conf(DevClusterSpec.parse("a100:2x4,t4:1x2"), LAYOUT)
+    records = parse_records(text)
+    nodes = [r for r in records if "NodeName" in r]
+    assert [(n["NodeName"], n["Port"], n["Gres"]) for n in nodes] == [
+        ("a100-1", "7001", "gpu:a100:4"),
+        ("a100-2", "7002", "gpu:a100:4"),
+        ("t4-1", "7003", "gpu:t4:2"),
+    ]
+    assert all(n["NodeAddr"] == "127.0.0.1" and n["NodeHostname"] == "box" for n in nodes)
+    partitions = {r["PartitionName"]: r for r in records if "PartitionName" in r}
+    assert partitions["a100"]["Nodes"] == "a100-1,a100-2" and partitions["a100"]["Default"] == "YES"
+    assert partitions["t4"]["Nodes"] == "t4-1" and partitions["t4"]["Default"] == "NO"
+    assert "SlurmctldPort=7000" in text and "SlurmctldHost=box(127.0.0.1)" in text
+    assert "AuthInfo=socket=/srv/dev/run/munge.socket,cred_expire=30" in text
+    assert "GresTypes=gpu" in text
+
+
+def test_gres_conf_points_every_gpu_at_a_file() -> None:
+    text = render_gres_conf(DevClusterSpec.parse("a100:1x2"), LAYOUT)
+    assert "AutoDetect=off" in text
+    assert (
+        "NodeName=a100-1 Name=gpu Type=a100 "
+        "File=/srv/dev/dev/a100-1-nvidia0,/srv/dev/dev/a100-1-nvidia1"
+    ) in text
+
+
+def test_missing_binaries_name_the_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sia_slurm.devcluster.cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "_SEARCH_PATH", "/nonexistent")
+    with pytest.raises(DevClusterError) as caught:
+        find_binaries()
+    assert "missing programs: munged" in str(caught.value)
+    assert "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge" in str(
+        caught.value
+    )
+
+
+def test_down_without_a_cluster_is_harmless(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path)
+    assert cluster.down() is False
+    assert cluster.is_up() is False
+    assert "no dev cluster" in cluster.status()
+
+
+def test_corrupt_record_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{not json")
+    with pytest.raises(DevClusterError, match="unreadable record of the dev cluster"):
+        DevCluster(tmp_path).status()
