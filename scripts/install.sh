@@ -18,7 +18,8 @@ if [ "$missing" = 1 ]; then
     apt-get install -y -qq --no-install-recommends $packages >/dev/null
 fi
 
-pip() { python3 -m pip --disable-pip-version-check --root-user-action=ignore "$@"; }
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+pip() { python3 -m pip "$@"; }
 # torch==2.13.0 resolves to the CPU wheel on these machines; an unpinned torch pulls CUDA.
 python3 -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
 pip install -q -e ".[train,dev]"
