@@ -1,0 +1,249 @@
+"""The policy seam: one input type for every policy, one output type, one method.
+
+A policy is a pure function of a :class:`PolicyInput` (a read-only view of the cluster, the jobs
+and the previous :class:`Allocation`) to a new :class:`Allocation`. Whatever a policy must
+remember between rounds (Gavel's time received per GPU type, Pollux's previous replica matrix)
+travels explicitly in ``Allocation.state`` and comes back as ``PolicyInput.previous``, so a round
+can be replayed from its input alone. Placement (node lists) is a separate stage,
+:mod:`sia_slurm.policy.placement`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Protocol
+
+from sia_slurm.core import Configuration, GoodputEstimator, GoodputRow, JobKind
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the scheduler sees it this round.
+
+    ``usable_gpus`` is what managed jobs may hold: 0 for a node that is down or drained,
+    ``total_gpus`` minus GPUs held by unmanaged jobs otherwise (GPUs held by managed jobs count
+    as usable, since the policy may move those jobs).
+    """
+
+    name: str
+    gpu_type: str
+    total_gpus: int
+    usable_gpus: int
+
+    def __post_init__(self) -> None:
+        if self.total_gpus < 1 or not 0 <= self.usable_gpus <= self.total_gpus:
+            raise ValueError(
+                f"node {self.name}: need total_gpus >= 1 and 0 <= usable_gpus <= total_gpus, "
+                f"got total_gpus={self.total_gpus} usable_gpus={self.usable_gpus}"
+            )
+
+
+@dataclass(frozen=True)
+class GpuTypeView:
+    """Per-GPU-type summary derived from the nodes (what the policies reason about)."""
+
+    gpu_type: str
+    gpus_per_node: int  # R_t
+    num_nodes: int  # N_t, every node of the type
+    usable_per_node: tuple[int, ...]  # usable GPUs of each node of the type, largest first
+
+    @property
+    def capacity(self) -> int:
+        """Usable GPUs of the type, summed over its nodes."""
+        return sum(self.usable_per_node)
+
+    @property
+    def max_node_gpus(self) -> int:
+        """Most usable GPUs on any one node of the type."""
+        return self.usable_per_node[0]
+
+    def nodes_with(self, gpus: int) -> int:
+        """How many of the type's nodes have at least ``gpus`` usable GPUs."""
+        return sum(usable >= gpus for usable in self.usable_per_node)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The nodes of the cluster; GPU types keep the order in which their nodes are listed."""
+
+    nodes: tuple[NodeView, ...]
+
+    def __post_init__(self) -> None:
+        names = [node.name for node in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cluster: node names must be unique, got {names}")
+        for gpu_type in self.gpu_types:
+            sizes = {node.total_gpus for node in self.nodes if node.gpu_type == gpu_type}
+            if len(sizes) != 1:
+                raise ValueError(
+                    f"cluster: nodes of GPU type {gpu_type!r} must all have the same number of "
+                    f"GPUs, got {sorted(sizes)}; split them into distinct GPU types"
+                )
+
+    @cached_property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(node.gpu_type for node in self.nodes))
+
+    @cached_property
+    def types(self) -> Mapping[str, GpuTypeView]:
+        """A :class:`GpuTypeView` per GPU type, in :attr:`gpu_types` order."""
+        views = {}
+        for gpu_type in self.gpu_types:
+            nodes = [node for node in self.nodes if node.gpu_type == gpu_type]
+            views[gpu_type] = GpuTypeView(
+                gpu_type=gpu_type,
+                gpus_per_node=nodes[0].total_gpus,
+                num_nodes=len(nodes),
+                usable_per_node=tuple(sorted((node.usable_gpus for node in nodes), reverse=True)),
+            )
+        return MappingProxyType(views)
+
+    @property
+    def total_capacity(self) -> int:
+        return sum(view.capacity for view in self.types.values())
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """``gpus`` GPUs of node ``node`` held by one job."""
+
+    node: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a policy may know about one job this round (read-only).
+
+    ``age`` is seconds since submission; ``max_gpus`` is the job's own limit
+    (``max_batch_size / min_local_bsz``, or the requested count for rigid jobs), ``None`` for no
+    limit; ``max_gpus_seen`` the largest GPU count it has run on so far (0 before its first
+    run), which drives the growth cap. ``requested_*`` are what the user asked for: the size of
+    rigid, pinned, FIFO and Gavel jobs. ``restoring`` marks a job in the middle of a
+    checkpoint-restore: it keeps its current configuration.
+    """
+
+    job_id: str
+    kind: JobKind
+    estimator: GoodputEstimator
+    age: float = 0.0
+    submit_time: float = 0.0
+    restarts: int = 0
+    restart_cost: float | None = None  # measured S in seconds; None = the policy's default
+    current: Configuration | None = None
+    placement: tuple[NodeShare, ...] = ()
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    max_gpus_seen: int = 0
+    requested_gpus: int = 1
+    requested_gpu_type: str | None = None
+    restoring: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_gpus < 1 or self.requested_gpus < 1:
+            raise ValueError(
+                f"job {self.job_id}: min_gpus and requested_gpus must be >= 1, "
+                f"got min_gpus={self.min_gpus} requested_gpus={self.requested_gpus}"
+            )
+        if self.max_gpus is not None and self.max_gpus < self.min_gpus:
+            raise ValueError(
+                f"job {self.job_id}: max_gpus={self.max_gpus} is below min_gpus={self.min_gpus}"
+            )
+        if self.restoring and self.current is None:
+            raise ValueError(f"job {self.job_id}: restoring=True needs a current configuration")
+
+
+@dataclass(frozen=True)
+class JobAllocation:
+    """A job's share for the next round: a configuration and the batch size to run it with."""
+
+    config: Configuration
+    batch_size: int
+    local_bsz: int
+    accum_steps: int
+    goodput: float  # predicted, samples per second; used by placement to rank evictions
+
+
+@dataclass(frozen=True)
+class SolveInfo:
+    """How the allocation was obtained, for logs and benchmarks."""
+
+    status: str  # "optimal", "time-limit", "fallback", "kept", "heuristic"
+    solve_seconds: float = 0.0
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Per job a :class:`JobAllocation`; a job absent from ``jobs`` gets no GPUs this round."""
+
+    jobs: Mapping[str, JobAllocation]
+    time: float = 0.0
+    round_index: int = 0
+    state: object | None = None  # policy-specific memory, handed back via PolicyInput.previous
+    info: SolveInfo = field(default_factory=lambda: SolveInfo("optimal"))
+    # Node shares a policy that decides at node level (Pollux) would like; placement tries them
+    # first and falls back to its own rules when they do not fit.
+    node_hints: Mapping[str, tuple[NodeShare, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
+        object.__setattr__(self, "node_hints", MappingProxyType(dict(self.node_hints)))
+
+    def get(self, job_id: str) -> JobAllocation | None:
+        return self.jobs.get(job_id)
+
+    def gpus_used(self) -> dict[str, int]:
+        """GPUs allocated per GPU type."""
+        used: dict[str, int] = {}
+        for share in self.jobs.values():
+            used[share.config.gpu_type] = used.get(share.config.gpu_type, 0) + share.config.gpus
+        return used
+
+
+@dataclass(frozen=True)
+class PolicyInput:
+    """Everything a policy sees in one round. ``now`` is the round's time in seconds (wall or
+    simulated clock) and ``round_index`` its number; both make solves reproducible."""
+
+    cluster: ClusterView
+    jobs: tuple[JobView, ...]
+    previous: Allocation | None = None
+    now: float = 0.0
+    round_index: int = 0
+
+    def __post_init__(self) -> None:
+        ids = [job.job_id for job in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("policy input: job ids must be unique")
+
+
+class Policy(Protocol):
+    """An allocation policy: a pure function of its input (and its configuration)."""
+
+    def solve(self, policy_input: PolicyInput) -> Allocation: ...
+
+
+def allocation_from_row(config: Configuration, row: GoodputRow, index: int) -> JobAllocation:
+    """The :class:`JobAllocation` for entry ``index`` of a job's :class:`GoodputRow`."""
+    return JobAllocation(
+        config=config,
+        batch_size=int(row.batch_size[index]),
+        local_bsz=int(row.local_bsz[index]),
+        accum_steps=int(row.accum_steps[index]),
+        goodput=float(row.goodput[index]),
+    )
+
+
+def restart_factor(age: float, restarts: int, restart_cost: float) -> float:
+    """Sia's restart factor ``max(age - restarts * S, 0) / (age + S)``, 1 while ``age < S``.
+
+    It discounts every configuration but the current one by the fraction of the job's life not
+    spent restarting, so young or often-restarted jobs are moved less.
+    """
+    if restart_cost <= 0 or age < restart_cost:
+        return 1.0
+    return max(age - restarts * restart_cost, 0.0) / (age + restart_cost)

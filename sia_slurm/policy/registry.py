@@ -1,0 +1,53 @@
+"""Policy name -> factory, so the controller and the simulator pick a policy from config.
+
+Every policy takes the same :class:`~sia_slurm.policy.base.PolicyInput`, so callers never
+dispatch on the name beyond this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sia_slurm.policy.base import Policy
+from sia_slurm.policy.fifo import FifoPolicy, FifoPolicyConfig
+from sia_slurm.policy.gavel import GavelPolicy, GavelPolicyConfig
+from sia_slurm.policy.pollux import PolluxPolicy, PolluxPolicyConfig
+from sia_slurm.policy.sia import SiaPolicy, SiaPolicyConfig
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    config_type: type
+    factory: Callable[..., Policy]
+
+
+POLICIES: dict[str, PolicyEntry] = {
+    "sia": PolicyEntry(SiaPolicyConfig, SiaPolicy),
+    "pollux": PolicyEntry(PolluxPolicyConfig, PolluxPolicy),
+    "gavel": PolicyEntry(GavelPolicyConfig, GavelPolicy),
+    "fifo": PolicyEntry(FifoPolicyConfig, FifoPolicy),
+}
+
+
+def config_type(name: str) -> type:
+    """The frozen config dataclass a policy takes (for the YAML loader)."""
+    return entry(name).config_type
+
+
+def entry(name: str) -> PolicyEntry:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name]
+
+
+def make_policy(name: str, config: object | None = None) -> Policy:
+    """A policy by name, with its default config or ``config`` (which must be its config type)."""
+    chosen = entry(name)
+    if config is None:
+        return chosen.factory()
+    if not isinstance(config, chosen.config_type):
+        raise TypeError(
+            f"policy {name!r} takes a {chosen.config_type.__name__}, got {type(config).__name__}"
+        )
+    return chosen.factory(config)

@@ -1,0 +1,404 @@
+"""Sia's allocation policy: one mixed-integer program per round (reference section 4).
+
+Every job gets one binary variable per configuration it may take (:mod:`.configs`), scored by
+its goodput normalised to the row's smallest entry, discounted by the restart factor everywhere
+but the current configuration, and raised to the fairness power ``p``. The program picks at most
+one configuration per job under a GPU capacity per type, trading the score against the
+no-allocation penalty ``lambda_n`` (an objective term, not a constraint: there may be more jobs
+than GPUs) and, optionally, an allocation-change penalty ``lambda_a``.
+
+The matrices are built directly with numpy/scipy.sparse and solved with HiGHS through
+``scipy.optimize.milp``: a modelling layer would cost more than the solve at 2048 GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from sia_slurm.core import Configuration, GoodputRow, JobKind
+from sia_slurm.policy.base import (
+    Allocation,
+    ClusterView,
+    JobAllocation,
+    JobView,
+    PolicyInput,
+    SolveInfo,
+    allocation_from_row,
+    restart_factor,
+)
+from sia_slurm.policy.configs import configuration_set, shape_for
+from sia_slurm.policy.sia_milp import Program, solve
+
+logger = logging.getLogger(__name__)
+
+FIXED_BATCH_KINDS = frozenset({JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED})
+
+
+@dataclass(frozen=True)
+class SiaPolicyConfig:
+    """Sia's knobs (reference section 4), validated on construction.
+
+    ``p`` is the fairness power (< 0: minimise ``G^p``, favouring the worst-off jobs);
+    ``lambda_n`` the no-allocation penalty, ``lambda_a`` the allocation-change penalty (0 in
+    the simulator, 0.01 on the physical cluster); ``growth_factor`` caps a job at that multiple of
+    the most GPUs it has run on (``None`` disables the cap); ``default_restart_cost`` is S for
+    jobs without a measured restart cost; ``max_normalised_goodput`` clips normalised goodput
+    (the artifact's 3000) so ``G^p`` stays well scaled.
+    """
+
+    p: float = -0.5
+    lambda_n: float = 1.1
+    lambda_a: float = 0.0
+    growth_factor: float | None = 2.0
+    default_restart_cost: float = 30.0
+    max_normalised_goodput: float | None = 3000.0
+    time_limit_s: float = 5.0
+    mip_rel_gap: float = 1e-4
+
+    def __post_init__(self) -> None:
+        for error in validate_sia_config(self):
+            raise ValueError(error)
+
+
+def validate_sia_config(config: SiaPolicyConfig) -> list[str]:
+    """Every rule ``config`` breaks, as messages naming the fields and values."""
+    errors = []
+    if not math.isfinite(config.p) or config.p == 0:
+        errors.append(f"SiaPolicyConfig.p: expected a finite non-zero number, got {config.p}")
+    elif math.copysign(1, config.lambda_n) == math.copysign(1, config.p) or not (
+        abs(config.lambda_n) > 1
+    ):
+        errors.append(
+            f"SiaPolicyConfig: lambda_n={config.lambda_n} with p={config.p} breaks the sign "
+            "rules sign(lambda_n) != sign(p) and |lambda_n| > 1; use e.g. "
+            f"lambda_n={-math.copysign(1.1, config.p)}"
+        )
+    if not config.lambda_a >= 0:
+        errors.append(f"SiaPolicyConfig.lambda_a: expected >= 0, got {config.lambda_a}")
+    if config.growth_factor is not None and not config.growth_factor >= 1:
+        errors.append(
+            f"SiaPolicyConfig.growth_factor: expected >= 1 or None, got {config.growth_factor}"
+        )
+    if not config.default_restart_cost >= 0:
+        errors.append(
+            "SiaPolicyConfig.default_restart_cost: expected >= 0 seconds, "
+            f"got {config.default_restart_cost}"
+        )
+    if config.max_normalised_goodput is not None and not config.max_normalised_goodput > 1:
+        errors.append(
+            "SiaPolicyConfig.max_normalised_goodput: expected > 1 or None, "
+            f"got {config.max_normalised_goodput}"
+        )
+    if not config.time_limit_s > 0 or not config.mip_rel_gap >= 0:
+        errors.append(
+            "SiaPolicyConfig: expected time_limit_s > 0 and mip_rel_gap >= 0, got "
+            f"time_limit_s={config.time_limit_s} mip_rel_gap={config.mip_rel_gap}"
+        )
+    return errors
+
+
+@dataclass(frozen=True)
+class JobColumns:
+    """One job's candidate configurations, its goodput row and their objective costs."""
+
+    job: JobView
+    configs: tuple[Configuration, ...]
+    row: GoodputRow
+    cost: np.ndarray  # objective coefficient per config; nan where the job may not take it
+    forced: bool  # the job must keep configs[current]
+    current: int | None  # index of the job's current configuration, if among configs
+
+
+def gpu_limits(job: JobView, config: SiaPolicyConfig) -> tuple[int, float]:
+    """GPU count range an elastic job may take: ``min_gpus`` up to its own limit and the growth
+    cap (1 GPU before its first run, then ``growth_factor`` x the most it has run on)."""
+    upper = math.inf if job.max_gpus is None else float(job.max_gpus)
+    if config.growth_factor is not None:
+        seen = job.max_gpus_seen
+        cap = config.growth_factor * seen if seen > 0 else 1.0
+        upper = min(upper, max(cap, job.min_gpus))
+    return job.min_gpus, upper
+
+
+@dataclass(frozen=True)
+class ConfigIndex:
+    """The cluster's configuration sets with their GPU counts, built once per round so that
+    selecting a job's range is a bisection rather than a scan."""
+
+    sets: dict[str, tuple[Configuration, ...]]
+    counts: dict[str, list[int]]
+
+    @staticmethod
+    def of(cluster: ClusterView) -> ConfigIndex:
+        sets = configuration_set(cluster)
+        return ConfigIndex(sets, {t: [c.gpus for c in configs] for t, configs in sets.items()})
+
+    def between(self, low: float, high: float) -> list[Configuration]:
+        """Every type's configurations with ``low <= gpus <= high`` (sets are sorted by GPUs)."""
+        chosen: list[Configuration] = []
+        for gpu_type, configs in self.sets.items():
+            counts = self.counts[gpu_type]
+            chosen.extend(configs[bisect_left(counts, low) : bisect_right(counts, high)])
+        return chosen
+
+
+def candidate_configs(
+    job: JobView, cluster: ClusterView, index: ConfigIndex, config: SiaPolicyConfig
+) -> tuple[list[Configuration], bool, int | None]:
+    """The configurations ``job`` may take this round, whether it must keep its current one,
+    and the current one's position in the list (``None`` if not running or not a candidate).
+
+    Jobs mid-restore and running pinned jobs are fixed; rigid jobs get one column per type at
+    their requested count; adaptive and strong-scaling jobs the type's configuration set within
+    their GPU limits. A running job's current configuration is always a candidate (if it still
+    fits), so staying put is never ruled out by the shape of the set.
+    """
+    current = job.current
+    current_ok = current is not None and current.gpu_type in cluster.types
+    if job.restoring or (job.kind is JobKind.PINNED and current is not None):
+        return ([current], True, 0) if current_ok else ([], False, None)
+    if job.kind in (JobKind.PINNED, JobKind.RIGID):
+        types = cluster.gpu_types
+        if job.kind is JobKind.PINNED and job.requested_gpu_type is not None:
+            types = tuple(t for t in types if t == job.requested_gpu_type)
+        shapes = [shape_for(cluster.types[t], job.requested_gpus) for t in types]
+        configs = [shape for shape in shapes if shape is not None]
+    else:
+        low, high = gpu_limits(job, config)
+        configs = index.between(low, high)
+    if not current_ok:
+        return configs, False, None
+    for position, candidate in enumerate(configs):
+        if candidate.gpus == current.gpus and candidate == current:  # type: ignore[union-attr]
+            return configs, False, position
+    configs.append(current)  # type: ignore[arg-type]
+    return configs, False, len(configs) - 1
+
+
+def column_costs(
+    jobs: list[JobView],
+    currents: list[int | None],
+    rows: list[GoodputRow],
+    config: SiaPolicyConfig,
+) -> list[np.ndarray]:
+    """Objective coefficients of every job's columns (nan: no column), computed for all jobs at
+    once; ``currents[i]`` indexes job i's current configuration in its row.
+
+    ``cost = sign(p) * (lambda_n - (r * G)^p) + lambda_a * (1 - 2 * [current])`` is the change in
+    the objective when the job takes that column instead of no allocation; negative means the
+    column beats leaving the job out. ``G`` is goodput over the row's smallest non-zero goodput.
+    """
+    lengths = np.array([row.goodput.shape[0] for row in rows], dtype=np.int64)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64)
+    goodput = np.concatenate([np.asarray(row.goodput, dtype=np.float64) for row in rows])
+    owner = np.repeat(np.arange(len(rows)), lengths)
+    valid = np.isfinite(goodput) & (goodput > 0)
+    smallest = np.minimum.reduceat(np.where(valid, goodput, np.inf), starts)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        normalised = goodput / smallest[owner]
+    stay = np.zeros(goodput.size, dtype=bool)
+    running = [
+        (start + c) for start, c in zip(starts.tolist(), currents, strict=True) if c is not None
+    ]
+    stay[running] = True
+    factor = np.array(
+        [
+            restart_factor(
+                job.age,
+                job.restarts,
+                config.default_restart_cost if job.restart_cost is None else job.restart_cost,
+            )
+            for job in jobs
+        ]
+    )
+    normalised = np.where(stay, normalised, normalised * factor[owner])
+    if config.max_normalised_goodput is not None:
+        normalised = np.minimum(normalised, config.max_normalised_goodput)
+    valid &= np.isfinite(normalised) & (normalised > 0)
+    with np.errstate(divide="ignore", over="ignore"):
+        score = np.power(np.where(valid, normalised, 1.0), config.p)
+    sign = math.copysign(1.0, config.p)
+    cost = sign * (config.lambda_n - score) + config.lambda_a * np.where(stay, -1.0, 1.0)
+    cost[~valid] = np.nan
+    return np.split(cost, starts[1:])
+
+
+def check_row(job: JobView, configs: list[Configuration], row: GoodputRow) -> None:
+    if np.shape(row.goodput) != (len(configs),):
+        raise ValueError(
+            f"job {job.job_id}: estimator returned {np.shape(row.goodput)} goodputs for "
+            f"{len(configs)} configurations"
+        )
+
+
+def build_columns(policy_input: PolicyInput, config: SiaPolicyConfig) -> list[JobColumns]:
+    """Score every job: one estimator call per job for its whole row."""
+    cluster = policy_input.cluster
+    index = ConfigIndex.of(cluster)
+    scored: list[tuple[JobView, list[Configuration], bool, int | None, GoodputRow]] = []
+    for job in policy_input.jobs:
+        configs, forced, current = candidate_configs(job, cluster, index, config)
+        if not configs:
+            continue
+        row = job.estimator.evaluate(configs, fixed_batch=job.kind in FIXED_BATCH_KINDS)
+        check_row(job, configs, row)
+        scored.append((job, configs, forced and current is not None, current, row))
+    if not scored:
+        return []
+    costs = column_costs(
+        [item[0] for item in scored],
+        [item[3] for item in scored],
+        [item[4] for item in scored],
+        config,
+    )
+    columns = []
+    for (job, configs, forced, current, row), cost in zip(scored, costs, strict=True):
+        if forced and np.isnan(cost[current]):
+            cost[current] = 0.0  # kept even if the model predicts nothing there
+        columns.append(JobColumns(job, tuple(configs), row, cost, forced, current))
+    return columns
+
+
+def release_forced(
+    columns: list[JobColumns], cluster: ClusterView, round_index: int
+) -> list[JobColumns]:
+    """Un-force jobs whose fixed configurations no longer fit their type's capacity (a node went
+    down under them): the program would be infeasible otherwise."""
+    used: dict[str, int] = {}
+    released = []
+    for cols in columns:
+        if cols.forced:
+            chosen = cols.configs[cols.current]  # type: ignore[index]
+            total = used.get(chosen.gpu_type, 0) + chosen.gpus
+            if total > cluster.types[chosen.gpu_type].capacity:
+                logger.warning(
+                    "[round=%d job=%s] pinned to %s but %s has only %d usable GPUs; unpinning",
+                    round_index,
+                    cols.job.job_id,
+                    chosen,
+                    chosen.gpu_type,
+                    cluster.types[chosen.gpu_type].capacity,
+                )
+                cols = JobColumns(cols.job, cols.configs, cols.row, cols.cost, False, cols.current)
+            else:
+                used[chosen.gpu_type] = total
+        released.append(cols)
+    return released
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """The round's program plus how to map its columns back to jobs' configurations."""
+
+    program: Program
+    owner: np.ndarray  # index into the columns list, per program column
+    position: np.ndarray  # index into that job's configs, per program column
+    fixed: dict[int, int]  # forced jobs: columns-list index -> config index
+
+
+def assemble(columns: list[JobColumns], cluster: ClusterView) -> Assembled:
+    """Stack every job's useful columns (negative cost) into one sparse program. Forced jobs
+    take no variables: their configuration is fixed and their GPUs leave the capacity."""
+    type_index = {name: i for i, name in enumerate(cluster.gpu_types)}
+    capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
+    fixed: dict[int, int] = {}
+    owners, positions, costs, gpus, types = [], [], [], [], []
+    for i, cols in enumerate(columns):
+        if cols.forced:
+            config = cols.configs[cols.current]  # type: ignore[index]
+            fixed[i] = cols.current  # type: ignore[assignment]
+            capacity[type_index[config.gpu_type]] -= config.gpus
+            continue
+        idx = np.flatnonzero(cols.cost < 0)
+        owners.append(np.full(idx.size, i))
+        positions.append(idx)
+        costs.append(cols.cost[idx])
+        gpus.append(np.array([cols.configs[k].gpus for k in idx], dtype=np.float64))
+        types.append(np.array([type_index[cols.configs[k].gpu_type] for k in idx], dtype=int))
+    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=int)
+    program, order = Program.build(
+        cost=np.concatenate(costs) if costs else np.zeros(0),
+        gpus=np.concatenate(gpus) if gpus else np.zeros(0),
+        gpu_type=np.concatenate(types) if types else np.zeros(0, dtype=int),
+        job=owner,
+        capacity=capacity,
+        n_jobs=len(columns),
+    )
+    position = np.concatenate(positions) if positions else np.zeros(0, dtype=int)
+    return Assembled(program, owner[order], position[order], fixed)
+
+
+def fallback_choice(columns: list[JobColumns], cluster: ClusterView) -> dict[int, int]:
+    """Previous allocation for running jobs (in input order, while capacity lasts)."""
+    free = {name: view.capacity for name, view in cluster.types.items()}
+    chosen = {}
+    for i, cols in enumerate(columns):
+        if cols.current is None:
+            continue
+        config = cols.configs[cols.current]
+        if config.gpus <= free[config.gpu_type]:
+            free[config.gpu_type] -= config.gpus
+            chosen[i] = cols.current
+    return chosen
+
+
+@dataclass(frozen=True)
+class SiaPolicy:
+    """The Sia policy; see the module docstring."""
+
+    config: SiaPolicyConfig = SiaPolicyConfig()
+
+    def solve(self, policy_input: PolicyInput) -> Allocation:
+        started = time.perf_counter()
+        cluster = policy_input.cluster
+        columns = release_forced(
+            build_columns(policy_input, self.config), cluster, policy_input.round_index
+        )
+        assembled = assemble(columns, cluster)
+        result = solve(assembled.program, self.config.time_limit_s, self.config.mip_rel_gap)
+        status, message = result.status, result.message
+        if result.chosen is None:
+            logger.warning(
+                "[round=%d] Sia MILP failed (%s); keeping running jobs' allocations",
+                policy_input.round_index,
+                message,
+            )
+            choice = fallback_choice(columns, cluster)
+        else:
+            if status == "time-limit":
+                logger.warning(
+                    "[round=%d] Sia MILP hit its %.1f s limit; using the incumbent (%s)",
+                    policy_input.round_index,
+                    self.config.time_limit_s,
+                    message,
+                )
+            chosen = np.flatnonzero(result.chosen)
+            choice = dict(assembled.fixed)
+            owners = assembled.owner[chosen].tolist()
+            choice.update(zip(owners, assembled.position[chosen].tolist(), strict=True))
+        jobs: dict[str, JobAllocation] = {}
+        for i, k in choice.items():
+            cols = columns[i]
+            jobs[cols.job.job_id] = allocation_from_row(cols.configs[k], cols.row, k)
+        elapsed = time.perf_counter() - started
+        logger.debug(
+            "[round=%d] Sia: %d jobs, %d variables, %d allocated, %s in %.3f s",
+            policy_input.round_index,
+            len(columns),
+            assembled.program.size,
+            len(jobs),
+            status,
+            elapsed,
+        )
+        return Allocation(
+            jobs=jobs,
+            time=policy_input.now,
+            round_index=policy_input.round_index,
+            info=SolveInfo(status, elapsed, message),
+        )

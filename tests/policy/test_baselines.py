@@ -1,0 +1,211 @@
+"""FIFO, Gavel and Pollux baselines, and the policy registry."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sia_slurm.core import Configuration, JobKind
+from sia_slurm.policy.base import JobView, NodeShare, PolicyInput
+from sia_slurm.policy.fifo import FifoPolicy, FifoPolicyConfig
+from sia_slurm.policy.gavel import GavelPolicy, GavelPolicyConfig, GavelState
+from sia_slurm.policy.placement import place
+from sia_slurm.policy.pollux import PolluxPolicy, PolluxPolicyConfig, build_problem, warm_start
+from sia_slurm.policy.registry import POLICIES, make_policy
+from sia_slurm.policy.sia import SiaPolicyConfig
+from sia_slurm.policy.testing import SyntheticEstimator, make_cluster
+
+
+def rigid(job_id: str, gpus: int, speed: dict[str, float], **kwargs) -> JobView:
+    estimator = SyntheticEstimator(speed=speed)
+    return JobView(job_id, JobKind.RIGID, estimator, requested_gpus=gpus, **kwargs)
+
+
+# FIFO
+
+
+def test_fifo_runs_in_arrival_order_at_requested_size_on_first_type_that_fits():
+    cluster = make_cluster([("A", 1, 4), ("B", 1, 4)])
+    jobs = (
+        rigid("late", 1, {"A": 1, "B": 1}, submit_time=3),
+        rigid("first", 4, {"A": 1, "B": 1}, submit_time=1),
+        rigid("second", 2, {"A": 1, "B": 1}, submit_time=2),
+    )
+    allocation = FifoPolicy().solve(PolicyInput(cluster, jobs))
+    assert allocation.jobs["first"].config == Configuration("A", 1, 4)
+    assert allocation.jobs["second"].config == Configuration("B", 1, 2)
+    assert allocation.jobs["late"].config == Configuration("B", 1, 1)
+
+
+def test_fifo_blocks_behind_a_job_that_does_not_fit_unless_backfilling():
+    cluster = make_cluster([("A", 1, 4)])
+    running = rigid("run", 2, {"A": 1}, current=Configuration("A", 1, 2))
+    jobs = (
+        running,
+        rigid("big", 4, {"A": 1}, submit_time=1),
+        rigid("small", 1, {"A": 1}, submit_time=2),
+    )
+    strict = FifoPolicy().solve(PolicyInput(cluster, jobs))
+    assert set(strict.jobs) == {"run"}
+    backfill = FifoPolicy(FifoPolicyConfig(backfill=True)).solve(PolicyInput(cluster, jobs))
+    assert set(backfill.jobs) == {"run", "small"}
+
+
+# Gavel
+
+
+def test_gavel_gives_each_job_the_type_it_benefits_most_from():
+    cluster = make_cluster([("A", 1, 1), ("B", 1, 1)])
+    jobs = (
+        rigid("likes_a", 1, {"A": 10, "B": 1}, age=1),
+        rigid("likes_b", 1, {"A": 1, "B": 10}, age=1),
+    )
+    allocation = GavelPolicy().solve(PolicyInput(cluster, jobs))
+    assert allocation.jobs["likes_a"].config.gpu_type == "A"
+    assert allocation.jobs["likes_b"].config.gpu_type == "B"
+
+
+@pytest.mark.parametrize("objective", ["max_min_fairness", "max_total_throughput"])
+def test_gavel_time_shares_one_gpu_by_priority_across_rounds(objective):
+    """Two identical jobs, one GPU: the job that got less time runs next round."""
+    cluster = make_cluster([("A", 1, 1)])
+    jobs = (rigid("x", 1, {"A": 1}, age=360), rigid("y", 1, {"A": 1}, age=360))
+    policy = GavelPolicy(GavelPolicyConfig(objective=objective))
+    first = policy.solve(PolicyInput(cluster, jobs, now=0))
+    (winner,) = first.jobs
+    mid = policy.solve(PolicyInput(cluster, jobs, first, now=60))
+    assert set(mid.jobs) == {winner} and mid.info.status == "kept"
+    later = tuple(dataclasses.replace(j, age=j.age + 360) for j in jobs)
+    second = policy.solve(PolicyInput(cluster, later, mid, now=360))
+    assert set(second.jobs) == ({"x", "y"} - {winner}) or objective == "max_total_throughput"
+    state = second.state
+    assert isinstance(state, GavelState)
+    assert state.received[winner]["A"] == pytest.approx(360)
+
+
+def test_gavel_config_rejects_unknown_objective():
+    with pytest.raises(ValueError, match="max_min_fairness"):
+        GavelPolicyConfig(objective="fastest")
+
+
+# Pollux
+
+
+def pollux_jobs(count: int, seed: int) -> tuple[JobView, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(
+        JobView(
+            f"j{i}",
+            JobKind.ADAPTIVE,
+            SyntheticEstimator(speed={"A": float(rng.uniform(1, 3)), "B": 2.0}, serial=0.05),
+            age=1000,
+            max_gpus_seen=int(rng.integers(0, 8)),
+        )
+        for i in range(count)
+    )
+
+
+def assert_pollux_valid(cluster, allocation, jobs) -> None:
+    used = allocation.gpus_used()
+    assert all(used[t] <= cluster.types[t].capacity for t in used)
+    placement = place(cluster, allocation, jobs)
+    assert placement.unplaced == ()
+    for share in allocation.jobs.values():
+        assert share.config.nodes <= 16
+
+
+def test_pollux_allocates_within_capacity_deterministically():
+    cluster = make_cluster([("A", 4, 4), ("B", 2, 8)])
+    jobs = pollux_jobs(10, 0)
+    config = PolluxPolicyConfig(generations=30)
+    first = PolluxPolicy(config).solve(PolicyInput(cluster, jobs))
+    again = PolluxPolicy(config).solve(PolicyInput(cluster, jobs))
+    assert {k: v.config for k, v in first.jobs.items()} == {
+        k: v.config for k, v in again.jobs.items()
+    }
+    assert_pollux_valid(cluster, first, jobs)
+    assert len(first.jobs) == 10  # enough GPUs for everyone: leaving a job out ruins the mean
+
+
+def test_pollux_respects_growth_cap_min_gpus_and_one_distributed_job_per_node():
+    cluster = make_cluster([("A", 4, 4)])
+    jobs = (
+        JobView("new", JobKind.ADAPTIVE, SyntheticEstimator(speed={"A": 1.0}, serial=0.0)),
+        JobView(
+            "big",
+            JobKind.ADAPTIVE,
+            SyntheticEstimator(speed={"A": 1.0}, serial=0.0),
+            min_gpus=8,
+            max_gpus_seen=8,
+        ),
+    )
+    allocation = PolluxPolicy(PolluxPolicyConfig(generations=40)).solve(PolicyInput(cluster, jobs))
+    assert allocation.jobs["new"].config.gpus == 1
+    assert allocation.jobs["big"].config.gpus >= 8
+    state = allocation.state
+    distributed = (state.replicas > 0).sum(axis=1) > 1
+    assert ((state.replicas[distributed] > 0).sum(axis=0) <= 1).all()
+
+
+def test_pollux_keeps_restoring_jobs_and_warm_starts_from_its_state():
+    cluster = make_cluster([("A", 2, 4)])
+    current = Configuration("A", 1, 2)
+    restoring = JobView(
+        "r",
+        JobKind.ADAPTIVE,
+        SyntheticEstimator(speed={"A": 1.0}),
+        current=current,
+        placement=(NodeShare("A-1", 2),),
+        restoring=True,
+        max_gpus_seen=2,
+    )
+    jobs = (restoring, *pollux_jobs(3, 1)[:3])
+    jobs = tuple(
+        dataclasses.replace(j, estimator=SyntheticEstimator(speed={"A": 1.0})) for j in jobs
+    )
+    config = PolluxPolicyConfig(generations=20)
+    first = PolluxPolicy(config).solve(PolicyInput(cluster, jobs))
+    assert first.jobs["r"].config == current
+    reordered = PolicyInput(cluster, jobs[::-1], first)
+    warm = warm_start(reordered, build_problem(reordered, config))
+    assert (warm == first.state.replicas[::-1]).all()
+
+
+def test_pollux_repairs_a_placement_across_types_to_one_type():
+    cluster = make_cluster([("A", 1, 4), ("B", 1, 4)])
+    jobs = (
+        JobView(
+            "j",
+            JobKind.ADAPTIVE,
+            SyntheticEstimator(speed={"A": 1, "B": 1}, serial=0.0),
+            max_gpus_seen=4,
+        ),
+    )
+    allocation = PolluxPolicy(PolluxPolicyConfig(generations=30)).solve(PolicyInput(cluster, jobs))
+    config = allocation.jobs["j"].config
+    assert config.gpus == 4 and config.nodes == 1  # never 4 + 4 across the two types
+
+
+# Registry
+
+
+def test_registry_builds_every_policy_and_rejects_unknown_names():
+    for name in POLICIES:
+        assert hasattr(make_policy(name), "solve")
+    with pytest.raises(ValueError, match="valid policies: fifo, gavel, pollux, sia"):
+        make_policy("slurm")
+    with pytest.raises(TypeError, match="SiaPolicyConfig"):
+        make_policy("sia", FifoPolicyConfig())
+    assert make_policy("sia", SiaPolicyConfig(p=-1.0)).config.p == -1.0
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_handles_an_empty_round_and_places_validly(name):
+    cluster = make_cluster([("A", 2, 4), ("B", 1, 8)])
+    assert make_policy(name).solve(PolicyInput(cluster, ())).jobs == {}
+    jobs = tuple(dataclasses.replace(j, requested_gpus=2) for j in pollux_jobs(6, 2))
+    allocation = make_policy(name).solve(PolicyInput(cluster, jobs))
+    assert allocation.jobs
+    assert_pollux_valid(cluster, allocation, jobs)

@@ -1,0 +1,190 @@
+"""Placement: every placement is valid, no GPU is double-booked, unchanged jobs stay put."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sia_slurm.core import Configuration, JobKind
+from sia_slurm.policy.base import (
+    Allocation,
+    ClusterView,
+    JobAllocation,
+    JobView,
+    NodeShare,
+    NodeView,
+)
+from sia_slurm.policy.configs import configuration_set, shape_for, type_configurations
+from sia_slurm.policy.placement import Placement, place
+from sia_slurm.policy.testing import TableEstimator, make_cluster
+
+ESTIMATOR = TableEstimator()
+
+
+def share(config: Configuration, goodput: float = 1.0) -> JobAllocation:
+    return JobAllocation(config, batch_size=32, local_bsz=32, accum_steps=0, goodput=goodput)
+
+
+def assert_valid(cluster: ClusterView, allocation: Allocation, placement: Placement) -> None:
+    nodes = {node.name: node for node in cluster.nodes}
+    used = dict.fromkeys(nodes, 0)
+    for job_id, shares in placement.assignments.items():
+        config = allocation.jobs[job_id].config
+        assert len({s.node for s in shares}) == len(shares) == config.nodes
+        assert sum(s.gpus for s in shares) == config.gpus
+        for s in shares:
+            assert nodes[s.node].gpu_type == config.gpu_type
+            assert s.gpus >= 1
+            used[s.node] += s.gpus
+    for name, count in used.items():
+        assert count <= nodes[name].usable_gpus, f"{name} double-booked"
+    assert set(placement.assignments) | set(placement.unplaced) == set(allocation.jobs)
+    assert not set(placement.assignments) & set(placement.unplaced)
+
+
+@st.composite
+def clusters(draw) -> ClusterView:
+    nodes = []
+    for t in range(draw(st.integers(1, 3))):
+        gpus = draw(st.sampled_from([1, 2, 4, 6, 8]))
+        for i in range(draw(st.integers(1, 4))):
+            usable = draw(st.one_of(st.just(gpus), st.integers(0, gpus)))
+            nodes.append(NodeView(f"t{t}-{i}", f"t{t}", gpus, usable))
+    return ClusterView(tuple(nodes))
+
+
+@st.composite
+def scenarios(draw):
+    """A cluster, random configurations (some jobs already running somewhere), job views."""
+    cluster = draw(clusters())
+    sets = [c for configs in configuration_set(cluster).values() for c in configs]
+    allocation: dict[str, JobAllocation] = {}
+    views = []
+    for i in range(draw(st.integers(0, 12))) if sets else []:
+        config = draw(st.sampled_from(sets))
+        allocation[f"j{i}"] = share(config, draw(st.floats(0.1, 100)))
+        placement: tuple[NodeShare, ...] = ()
+        if draw(st.booleans()):
+            candidates = [n.name for n in cluster.nodes if n.gpu_type == config.gpu_type]
+            chosen = draw(st.permutations(candidates))[: config.nodes]
+            if len(chosen) == config.nodes:
+                base, extra = divmod(config.gpus, config.nodes)
+                placement = tuple(NodeShare(n, base + (k < extra)) for k, n in enumerate(chosen))
+        kind = draw(st.sampled_from([JobKind.ADAPTIVE, JobKind.PINNED]))
+        views.append(
+            JobView(
+                f"j{i}", kind, ESTIMATOR, current=config if placement else None, placement=placement
+            )
+        )
+    return cluster, Allocation(allocation), views
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_every_placement_is_valid(scenario):
+    cluster, allocation, views = scenario
+    assert_valid(cluster, allocation, place(cluster, allocation, views))
+
+
+@st.composite
+def sia_shaped_allocations(draw):
+    """Configurations from Sia's set whose GPU counts fit each type's capacity, on fully usable
+    nodes with power-of-two GPU counts: the set's claim is that these always place."""
+    spec = [
+        (f"t{t}", draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4, 8])))
+        for t in range(draw(st.integers(1, 3)))
+    ]
+    cluster = make_cluster(spec)
+    jobs: dict[str, JobAllocation] = {}
+    for gpu_type, view in cluster.types.items():
+        free = view.capacity
+        for config in draw(st.lists(st.sampled_from(type_configurations(view)), max_size=10)):
+            if config.gpus <= free:
+                free -= config.gpus
+                jobs[f"{gpu_type}-job{len(jobs)}"] = share(config)
+    return cluster, Allocation(jobs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sia_shaped_allocations())
+def test_sia_configuration_sets_always_place(scenario):
+    cluster, allocation = scenario
+    placement = place(cluster, allocation, [])
+    assert_valid(cluster, allocation, placement)
+    assert placement.unplaced == ()
+
+
+def test_unchanged_jobs_keep_their_nodes_and_new_jobs_pack_fullest_first():
+    cluster = make_cluster([("A", 3, 4)])
+    running = Configuration("A", 1, 2)
+    view = JobView(
+        "old", JobKind.ADAPTIVE, ESTIMATOR, current=running, placement=(NodeShare("A-2", 2),)
+    )
+    allocation = Allocation({"old": share(running), "new": share(Configuration("A", 1, 2))})
+    placement = place(cluster, allocation, [view])
+    assert placement.assignments["old"] == (NodeShare("A-2", 2),)
+    assert placement.assignments["new"] == (NodeShare("A-2", 2),)  # fullest node first
+
+
+def test_fragmentation_evicts_the_lowest_goodput_job_and_moves_it():
+    cluster = make_cluster([("A", 2, 4)])
+    half = Configuration("A", 1, 2)
+    views = [
+        JobView("a", JobKind.ADAPTIVE, ESTIMATOR, current=half, placement=(NodeShare("A-0", 2),)),
+        JobView("b", JobKind.ADAPTIVE, ESTIMATOR, current=half, placement=(NodeShare("A-1", 2),)),
+    ]
+    allocation = Allocation(
+        {"a": share(half, 5.0), "b": share(half, 1.0), "c": share(Configuration("A", 1, 4))}
+    )
+    placement = place(cluster, allocation, views)
+    assert_valid(cluster, allocation, placement)
+    assert placement.moved == ("b",)
+    assert placement.unplaced == ()
+    assert placement.assignments["a"] == (NodeShare("A-0", 2),)
+    assert placement.assignments["c"] == (NodeShare("A-1", 4),)
+
+
+def test_pinned_jobs_are_not_evicted():
+    cluster = make_cluster([("A", 2, 4)])
+    half = Configuration("A", 1, 2)
+    views = [
+        JobView("a", JobKind.PINNED, ESTIMATOR, current=half, placement=(NodeShare("A-0", 2),)),
+        JobView("b", JobKind.PINNED, ESTIMATOR, current=half, placement=(NodeShare("A-1", 2),)),
+    ]
+    allocation = Allocation(
+        {"a": share(half), "b": share(half), "c": share(Configuration("A", 1, 4))}
+    )
+    placement = place(cluster, allocation, views)
+    assert placement.unplaced == ("c",)
+    assert placement.moved == ()
+
+
+def test_unusable_nodes_are_respected():
+    cluster = ClusterView(
+        (NodeView("n0", "A", 4, 0), NodeView("n1", "A", 4, 1), NodeView("n2", "A", 4, 4))
+    )
+    allocation = Allocation(
+        {"x": share(Configuration("A", 1, 2)), "y": share(Configuration("A", 1, 1))}
+    )
+    placement = place(cluster, allocation, [])
+    assert placement.assignments["x"] == (NodeShare("n2", 2),)
+    assert placement.assignments["y"] == (NodeShare("n1", 1),)
+
+
+def test_configuration_sets_follow_the_reference():
+    cluster = make_cluster([("A", 3, 8), ("B", 2, 6)])
+    sets = configuration_set(cluster)
+    assert [(c.nodes, c.gpus) for c in sets["A"]] == [
+        (1, 1),
+        (1, 2),
+        (1, 4),
+        (1, 8),
+        (2, 16),
+        (3, 24),
+    ]
+    # 6 GPUs per node: three virtual nodes of 2 GPUs each
+    assert [c.gpus for c in sets["B"]] == [1, 2, 4, 6, 8, 10, 12]
+    assert all(c.nodes == 1 for c in sets["B"] if c.gpus <= 6)
+    down = ClusterView((NodeView("a0", "A", 8, 8), NodeView("a1", "A", 8, 0)))
+    assert max(c.gpus for c in configuration_set(down)["A"]) == 8
+    assert shape_for(cluster.types["A"], 12) == Configuration("A", 2, 12)
