@@ -15,15 +15,16 @@ import difflib
 import math
 import os
 import re
+import types
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
+from sia_slurm.policy.registry import POLICIES
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
 
 DEFAULT_CONFIG_PATH = Path("/etc/sia-slurm/sia.yaml")
 CONFIG_ENV_VAR = "SIA_SLURM_CONFIG"
-POLICY_NAMES = ("sia", "pollux", "gavel", "fifo")
 BACKEND_NAMES = ("cli", "pyslurm")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -54,28 +55,26 @@ class PartitionConfig:
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """Which allocation policy runs each round, and Sia's parameters (reference section 4).
+class PolicySettings:
+    """Which allocation policy runs each round, and its parameters.
 
-    ``p`` is the fairness power, ``lambda_n`` the no-allocation penalty, ``lambda_a`` the
-    allocation-change penalty, ``max_growth`` the factor by which a job's GPU count may grow per
-    round (2x in the paper). The sign rules: sign(lambda_n) != sign(p) and |lambda_n| > 1.
+    ``params`` is the policy's own frozen config dataclass (e.g. ``SiaPolicyConfig``), built from
+    the keys of the ``policy`` section other than ``name`` and validated by the policy itself, so
+    each parameter and its rules are defined in exactly one place.
     """
 
-    name: str = "sia"
-    p: float = -0.5
-    lambda_n: float = 1.1
-    lambda_a: float = 0.01
-    max_growth: float = 2.0
-    solver_time_limit_s: float = 10.0
-    solver_mip_gap: float = 0.0
+    name: str
+    params: Any
 
 
 @dataclass(frozen=True)
 class RestartConfig:
-    """What a restart costs and how long to wait for a job's checkpoint."""
+    """How long the controller waits for a job to checkpoint before it requeues it anyway.
 
-    default_cost_s: float = 30.0  # restart cost S until the job has measured its own
+    The restart cost S that the policy charges is a policy parameter
+    (``policy.default_restart_cost`` for Sia) and is replaced by each job's measured cost.
+    """
+
     checkpoint_timeout_s: float = 120.0  # wait this long for the job's acknowledgement
 
 
@@ -98,7 +97,7 @@ class SiaConfig:
     dry_run: bool
     gpu_types: tuple[GpuTypeConfig, ...]
     partitions: tuple[PartitionConfig, ...]
-    policy: PolicyConfig
+    policy: PolicySettings
     restart: RestartConfig
     slurm: SlurmConfig
 
@@ -190,12 +189,10 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
     gpu_types = _gpu_types(data.get("gpu_types"), source)
     partitions = _partitions(data.get("partitions"), source)
     _cross_check(gpu_types, partitions, data, source)
-    policy = _dataclass(PolicyConfig, data.get("policy"), ("policy",), source)
-    if policy is not None:
-        _check_policy(policy, source)
+    policy = _policy(data.get("policy"), source)
     restart = _dataclass(RestartConfig, data.get("restart"), ("restart",), source)
     if restart is not None:
-        for name in ("default_cost_s", "checkpoint_timeout_s"):
+        for name in ("checkpoint_timeout_s",):
             if getattr(restart, name) < 0:
                 source.issue(
                     ("restart", name),
@@ -348,45 +345,35 @@ def _cross_check(
                 )
 
 
-def _check_policy(policy: PolicyConfig, source: YamlSource) -> None:
-    if policy.name not in POLICY_NAMES:
-        source.issue(
-            ("policy", "name"), f"expected one of {', '.join(POLICY_NAMES)}, got {policy.name!r}"
-        )
-    if policy.p == 0:
-        source.issue(("policy", "p"), "expected a non-zero fairness power (the paper uses -0.5)")
-    elif math.copysign(1, policy.lambda_n) == math.copysign(1, policy.p):
-        source.issue(
-            ("policy", "lambda_n"),
-            f"must have the opposite sign of p (p={policy.p:g}, "
-            f"lambda_n={policy.lambda_n:g}); e.g. p=-0.5 with lambda_n=1.1",
-        )
-    if abs(policy.lambda_n) <= 1:
-        source.issue(
-            ("policy", "lambda_n"),
-            f"expected |lambda_n| > 1 so that allocating a "
-            f"job always beats leaving it queued, got {policy.lambda_n:g}",
-        )
-    if policy.lambda_a < 0:
-        source.issue(
-            ("policy", "lambda_a"), f"expected a non-negative number, got {policy.lambda_a:g}"
-        )
-    if policy.max_growth < 1:
-        source.issue(("policy", "max_growth"), f"expected a factor >= 1, got {policy.max_growth:g}")
-    if policy.solver_time_limit_s <= 0:
-        source.issue(
-            ("policy", "solver_time_limit_s"),
-            f"expected a positive number of seconds, got {policy.solver_time_limit_s:g}",
-        )
-    if not 0 <= policy.solver_mip_gap < 1:
-        source.issue(
-            ("policy", "solver_mip_gap"),
-            f"expected a relative gap in [0, 1), got {policy.solver_mip_gap:g}",
-        )
+def _policy(value: Any, source: YamlSource) -> PolicySettings | None:
+    """``name`` picks the policy; the other keys are the fields of its config dataclass."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        source.issue(("policy",), f"expected a mapping of settings, got {_kind(value)}")
+        return None
+    name = value.get("name", "sia")
+    if name not in POLICIES:
+        source.issue(("policy", "name"), f"expected one of {', '.join(POLICIES)}, got {name!r}")
+        return None
+    params = _dataclass(
+        POLICIES[name].config_type,
+        {k: v for k, v in value.items() if k != "name"},
+        ("policy",),
+        source,
+        extra_keys=("name",),
+    )
+    return None if params is None else PolicySettings(name=name, params=params)
 
 
-def _dataclass(cls: type, value: Any, keypath: KeyPath, source: YamlSource) -> Any:
-    """Build a flat dataclass of scalars from ``value``, reporting unknown keys and bad types."""
+def _dataclass(
+    cls: type, value: Any, keypath: KeyPath, source: YamlSource, extra_keys: tuple[str, ...] = ()
+) -> Any:
+    """Build a flat dataclass of scalars from ``value``, reporting unknown keys and bad types.
+
+    A ``ValueError`` from the dataclass's own validation is reported at the first of its
+    fields that the message names (so the line points at the offending key).
+    """
     if value is None:
         value = {}
     if not isinstance(value, dict):
@@ -394,30 +381,51 @@ def _dataclass(cls: type, value: Any, keypath: KeyPath, source: YamlSource) -> A
         return None
     hints = get_type_hints(cls)
     defaults = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls)}
-    _check_keys(value, keypath, defaults, (), source)
+    _check_keys(value, keypath, {k: None for k in extra_keys} | defaults, (), source)
     kwargs = {}
+    ok = True
     for name, default in defaults.items():
         raw = value.get(name, default)
-        converted = _convert(raw, hints[name], (*keypath, name), source)
-        if converted is None:
-            return None
+        converted, good = _convert(raw, hints[name], (*keypath, name), source)
+        ok = ok and good
         kwargs[name] = converted
-    return cls(**kwargs)
+    if not ok:
+        return None
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        prefix = re.match(rf"^{cls.__name__}(?:\.(\w+))?: ", str(exc))
+        message = str(exc)[prefix.end() :] if prefix else str(exc)
+        places = {n: m.start() for n in defaults if (m := re.search(rf"\b{n}\b", message))}
+        first = [prefix[1]] if prefix and prefix[1] else sorted(places, key=places.__getitem__)[:1]
+        source.issue((*keypath, *first), message)
+        return None
 
 
-def _convert(value: Any, hint: Any, keypath: KeyPath, source: YamlSource) -> Any:
-    if hint is float:
-        return _number(value, keypath, source)
-    if hint is bool:
+def _convert(value: Any, hint: Any, keypath: KeyPath, source: YamlSource) -> tuple[Any, bool]:
+    """``(converted, ok)`` for a scalar field typed float, int, bool, str or ``X | None``."""
+    options = get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None, True
+    expected = next(t for t in options if t is not type(None))
+    if expected is float:
+        number = _number(value, keypath, source)
+        return number, number is not None
+    if expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, True
+        source.issue(keypath, f"expected an integer, got {_kind(value)} {value!r}")
+        return None, False
+    if expected is bool:
         if isinstance(value, bool):
-            return value
+            return value, True
         source.issue(keypath, f"expected true or false, got {value!r}")
-        return None
-    if hint is str:
+        return None, False
+    if expected is str:
         if isinstance(value, str):
-            return value
+            return value, True
         source.issue(keypath, f"expected a string, got {_kind(value)} {value!r}")
-        return None
+        return None, False
     raise TypeError(f"unsupported config field type {hint!r}")
 
 

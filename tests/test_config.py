@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from sia_slurm.config import ConfigError, load_config, parse_config, resolve_config_path
+from sia_slurm.policy.gavel import GavelPolicyConfig
+from sia_slurm.policy.sia import SiaPolicyConfig
 
 REPO = Path(__file__).resolve().parent.parent
 GOOD = """\
@@ -30,7 +32,10 @@ def errors_of(text: str) -> list[str]:
 def test_example_config_loads() -> None:
     config = load_config(REPO / "etc" / "sia.yaml")
     assert config.round_seconds == 60
-    assert config.policy.p == -0.5 and config.policy.lambda_n == 1.1
+    assert config.policy.name == "sia"
+    assert isinstance(config.policy.params, SiaPolicyConfig)
+    assert config.policy.params.p == -0.5 and config.policy.params.lambda_n == 1.1
+    assert config.policy.params.lambda_a == 0.01
     assert [p.name for p in config.partitions] == ["a100", "rtx", "t4"]
     assert config.partition_of("t4").gpus_per_node == 4
     assert {g.name: g.profile for g in config.gpu_types}["a100"] == "dgx"
@@ -39,8 +44,9 @@ def test_example_config_loads() -> None:
 
 def test_defaults_and_derived_paths() -> None:
     config = parse_config(GOOD, Path("/etc/sia-slurm/sia.yaml"))
-    assert config.policy.name == "sia" and config.policy.max_growth == 2.0
-    assert config.restart.default_cost_s == 30
+    assert config.policy.name == "sia"
+    assert config.policy.params == SiaPolicyConfig()  # the policy's own defaults
+    assert config.restart.checkpoint_timeout_s == 120
     assert config.managed_marker == "sia-slurm"
     assert config.db_path == Path("/var/lib/sia/sia.db")
     assert config.spool_dir == Path("/var/lib/sia/spool")
@@ -108,23 +114,40 @@ def test_negative_gpus_per_node() -> None:
 @pytest.mark.parametrize(
     ("policy", "field", "message"),
     [
-        ("{p: -0.5, lambda_n: -1.1}", "policy.lambda_n", "must have the opposite sign of p"),
-        ("{p: 0.5, lambda_n: 1.1}", "policy.lambda_n", "must have the opposite sign of p"),
-        ("{p: -0.5, lambda_n: 0.9}", "policy.lambda_n", "expected |lambda_n| > 1"),
-        ("{p: 0}", "policy.p", "expected a non-zero fairness power"),
+        ("{p: -0.5, lambda_n: -1.1}", "policy.lambda_n", "breaks the sign rules"),
+        ("{p: 0.5, lambda_n: 1.1}", "policy.lambda_n", "breaks the sign rules"),
+        ("{p: -0.5, lambda_n: 0.9}", "policy.lambda_n", "|lambda_n| > 1"),
+        ("{p: 0}", "policy.p", "expected a finite non-zero number, got 0"),
         ("{name: gandiva}", "policy.name", "expected one of sia, pollux, gavel, fifo"),
-        ("{max_growth: 0.5}", "policy.max_growth", "expected a factor >= 1"),
-        ("{lambda_a: -1}", "policy.lambda_a", "expected a non-negative number"),
+        ("{growth_factor: 0.5}", "policy.growth_factor", "expected >= 1 or None, got 0.5"),
+        ("{lambda_a: -1}", "policy.lambda_a", "expected >= 0, got -1"),
+        ("{name: gavel, objective: fastest}", "policy.objective", "expected one of"),
+        ("{name: pollux, population: 1}", "policy.p", "population >= 2"),
+        (
+            "{name: pollux, population: 1.5}",
+            "policy.population",
+            "expected an integer, got a number",
+        ),
+        ("{name: fifo, p: -0.5}", "policy.p", "unknown key"),
     ],
 )
 def test_policy_parameter_rules(policy: str, field: str, message: str) -> None:
     (error,) = errors_of(GOOD + f"policy: {policy}\n")
-    assert f":9: {field}: {message}" in error
+    assert f":9: {field}: " in error
+    assert message in error
+
+
+def test_policy_parameters_build_the_policys_config() -> None:
+    config = parse_config(GOOD + "policy: {name: gavel, objective: max_total_throughput}\n")
+    assert config.policy.name == "gavel"
+    assert config.policy.params == GavelPolicyConfig(objective="max_total_throughput")
+    config = parse_config(GOOD + "policy: {growth_factor: null, lambda_a: 0}\n")
+    assert config.policy.params.growth_factor is None and config.policy.params.lambda_a == 0.0
 
 
 def test_p_positive_with_negative_lambda_is_accepted() -> None:
     config = parse_config(GOOD + "policy: {p: 0.5, lambda_n: -1.1}\n")
-    assert config.policy.p == 0.5
+    assert config.policy.params.p == 0.5
 
 
 def test_partition_mapped_twice() -> None:

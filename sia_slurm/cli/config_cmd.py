@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.config import CONFIG_ENV_VAR, ConfigError, load_config, resolve_config_path
 from sia_slurm.livecheck import check_live
 from sia_slurm.slurm.inventory import read_inventory
@@ -13,9 +14,10 @@ from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
 
 @click.group(
+    context_settings=CONTEXT_SETTINGS,
     help="Validate the sia-slurm configuration file.\n\n"
     "The configuration maps Slurm partitions to GPU types and sets the round length, "
-    "the policy and its parameters, the state directory and the managed-job marker."
+    "the policy and its parameters, the state directory and the managed-job marker.",
 )
 def config() -> None:
     pass

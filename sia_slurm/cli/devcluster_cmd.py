@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterError, DevClusterSpec
 from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE
 
@@ -26,6 +27,7 @@ def _say(message: str) -> None:
 
 @click.group(
     "dev-cluster",
+    context_settings=CONTEXT_SETTINGS,
     help="""Run a real Slurm cluster with typed fake GPUs on this machine.
 
 \b

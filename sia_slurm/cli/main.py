@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from sia_slurm import __version__
+from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.config_cmd import config
 from sia_slurm.cli.devcluster_cmd import dev_cluster
 from sia_slurm.cli.profile_cmd import profile
@@ -29,7 +30,7 @@ Run "sia-slurm COMMAND --help" for the options of each command.
 """
 
 
-@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(help=HELP, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, prog_name="sia-slurm")
 def cli() -> None:
     pass

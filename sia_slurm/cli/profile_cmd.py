@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.core import Configuration
 from sia_slurm.model.efficiency import NO_STATS, GradientStats
 from sia_slurm.model.estimator import JobGoodputEstimator
@@ -80,7 +81,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     )
 
 
-@click.group(help=GROUP_HELP)
+@click.group(help=GROUP_HELP, context_settings=CONTEXT_SETTINGS)
 def profile() -> None:
     pass
 
