@@ -30,6 +30,9 @@ FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_NUM_CANDIDATES = 50
 _EPS = 1e-8  # tolerance for ceil() of ratios that are integers up to rounding
+# Grids of at least this many cells skip pow() on the rows that do not need it (see
+# _sync_from_compute); below it the bookkeeping costs more than the pow() calls it saves.
+_SELECTIVE_POW_CELLS = 4096
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,12 @@ class RowLimits:
         ).reshape(-1, 3)
         return cls(*(np.repeat(table[:, i], times) for i in range(3)))
 
+    def rows(self, index: slice) -> RowLimits:
+        """The limits of a range of rows (views)."""
+        return RowLimits(
+            self.init_batch_size[index], self.max_batch_size[index], self.min_local_bsz[index]
+        )
+
 
 @dataclass(frozen=True)
 class CandidateGrid:
@@ -102,10 +111,29 @@ def _split(
     batch_size: npt.ArrayLike, gpus: npt.ArrayLike, max_local_bsz: npt.ArrayLike
 ) -> tuple[FloatArray, FloatArray]:
     """:func:`split_batch` with integer-valued floats (no int conversions on the big grid)."""
-    per_gpu = np.asarray(batch_size, dtype=np.float64) / np.asarray(gpus, dtype=np.float64)
+    local_bsz, micro_batches = split_micro_batches(batch_size, gpus, max_local_bsz)
+    return local_bsz, micro_batches - 1.0
+
+
+def split_micro_batches(
+    batch_size: npt.ArrayLike, gpus: npt.ArrayLike, max_local_bsz: npt.ArrayLike
+) -> tuple[FloatArray, FloatArray]:
+    """(local_bsz m, micro-batches s + 1) as new float arrays: :func:`split_batch` for grids.
+
+    Works in place on two buffers: on a (configurations x candidates) grid every temporary
+    costs as much as the arithmetic. The operations, and so the rounding, are those of the
+    formula in :func:`split_batch`.
+    """
+    per_gpu = np.asarray(np.divide(batch_size, gpus, dtype=np.float64))
     limit = np.maximum(np.asarray(max_local_bsz, dtype=np.float64), 1.0)
-    micro_batches = np.maximum(np.ceil(per_gpu / limit - _EPS), 1.0)
-    return np.ceil(per_gpu / micro_batches - _EPS), micro_batches - 1.0
+    micro_batches = np.asarray(np.divide(per_gpu, limit))
+    micro_batches -= _EPS
+    np.ceil(micro_batches, out=micro_batches)
+    np.maximum(micro_batches, 1.0, out=micro_batches)
+    local_bsz = np.divide(per_gpu, micro_batches, out=per_gpu)
+    local_bsz -= _EPS
+    np.ceil(local_bsz, out=local_bsz)
+    return local_bsz, micro_batches
 
 
 def _column(values: npt.ArrayLike) -> FloatArray:
@@ -149,9 +177,8 @@ def throughput_grid(
 
     With ``fixed_batch_size`` (a scalar or one per configuration) there is one candidate per
     configuration: that batch, split over the configuration's GPUs. ``max_local_bsz`` <= 0 marks
-    a type the job cannot use.
+    a type the job cannot use. The returned arrays are new (callers may update them in place).
     """
-    n = _column(nodes)
     k = _column(gpus)
     limit = _column(max_local_bsz)
     if fixed_batch_size is None:
@@ -160,31 +187,74 @@ def throughput_grid(
     else:
         candidates = np.broadcast_to(_column(fixed_batch_size), k.shape)
         feasible = (k <= candidates).reshape(-1)
-        cap = np.full((1, 1), np.inf)
-    local_bsz, accum = _split(candidates, k, limit)
-    micro_batches = accum + 1.0
-    # Rounding m up may overshoot max_batch_size by a few samples; round down instead there.
-    local_bsz -= k * local_bsz * micro_batches > cap
-    realised = k * local_bsz * micro_batches
-    ok = (feasible[:, None] & (limit >= 1)) & (local_bsz >= 1)
-    local_bsz[~ok] = 1.0  # keep the model's inputs valid; the throughput is masked below
+        cap = None  # a fixed batch is realised as given: no cap to round down for
+    local_bsz, micro_batches = split_micro_batches(candidates, k, limit)
+    realised = k * local_bsz
+    realised *= micro_batches
+    if cap is not None:
+        # Rounding m up may overshoot max_batch_size by a few samples; round down instead there.
+        over = realised > cap
+        if over.any():
+            local_bsz -= over
+            np.multiply(k, local_bsz, out=realised)
+            realised *= micro_batches
+    accum = np.subtract(micro_batches, 1.0, out=micro_batches)
+    ok = (feasible & (limit >= 1).reshape(-1))[:, None] & (local_bsz >= 1)
+    all_ok = bool(ok.all())
+    if not all_ok:
+        local_bsz[~ok] = 1.0  # keep the model's inputs valid; the throughput is masked below
     t_compute = compute_time(params, local_bsz)
-    t_iter = accum * t_compute + _sync_from_compute(params, n, k, t_compute)
+    t_iter = accum * t_compute
+    t_iter += _sync_from_compute(params, _column(nodes), k, t_compute)
+    throughput = np.divide(realised, t_iter, out=t_iter)
+    if all_ok:
+        return CandidateGrid(realised, local_bsz, accum, throughput)
     return CandidateGrid(
         batch_size=np.where(ok, realised, candidates),
         local_bsz=np.where(ok, local_bsz, 0.0),
         accum_steps=np.where(ok, accum, 0.0),
-        throughput=np.where(ok, realised / t_iter, 0.0),
+        throughput=np.where(ok, throughput, 0.0),
     )
 
 
 def _sync_from_compute(
     params: StackedParams, nodes: FloatArray, gpus: FloatArray, t_compute: FloatArray
 ) -> FloatArray:
-    """T_sync given T_compute (reusing it); only the (C, 1) network term is per configuration."""
+    """T_sync given T_compute (reusing it); only the (C, 1) network term is per configuration.
+
+    ``T_c * (1 + (T_n/T_c)^gamma)^(1/gamma)`` costs two ``pow`` per grid cell, the most
+    expensive step of a large grid. Two common kinds of row need none, with the same result:
+    without network time (one GPU) the factor is ``(1 + 0^gamma)^(1/gamma) = 1``, and with
+    ``gamma = 1`` (the fit's lower bound, where every type seen on one GPU only sits) it is
+    ``1 + T_n/T_c``; ``pow(x, 1) = x`` and ``pow(1, y) = 1`` exactly. On a large grid only the
+    other rows take the general formula; on a small one, picking them out costs more than it
+    saves.
+    """
     t_network = network_time(params, nodes, gpus)
     gamma = params.gamma
-    return t_compute * np.power(1.0 + np.power(t_network / t_compute, gamma), 1.0 / gamma)
+    factor = np.divide(t_network, t_compute)
+    if t_compute.ndim != 2 or t_compute.size < _SELECTIVE_POW_CELLS:
+        return t_compute * _overlap(factor, gamma)
+    rows_shape = (t_compute.shape[0], 1)
+    t_network = np.broadcast_to(t_network, rows_shape)
+    gamma = np.broadcast_to(gamma, rows_shape)
+    general = ((gamma != 1.0) & (t_network != 0.0)).reshape(-1)
+    if general.all():
+        return t_compute * _overlap(factor, gamma)
+    factor += 1.0
+    if general.any():
+        rows = np.flatnonzero(general)
+        factor[rows] = _overlap(t_network[rows] / t_compute[rows], gamma[rows])
+    factor *= t_compute
+    return factor
+
+
+def _overlap(ratio: FloatArray, gamma: FloatArray) -> FloatArray:
+    """``(1 + ratio^gamma)^(1/gamma)``, in place on ``ratio``."""
+    np.power(ratio, gamma, out=ratio)
+    ratio += 1.0
+    np.power(ratio, 1.0 / gamma, out=ratio)
+    return ratio
 
 
 def choose_batch(grid: CandidateGrid, stats: GradientStats, init_batch_size: int) -> GoodputRow:

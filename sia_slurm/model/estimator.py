@@ -35,7 +35,7 @@ from sia_slurm.model.batch import (
     RowLimits,
     choose_batch,
     choose_batch_rows,
-    split_batch,
+    split_micro_batches,
     throughput_grid,
 )
 from sia_slurm.model.efficiency import NO_STATS, GradientStats
@@ -48,10 +48,12 @@ _PLAN_CACHE_SIZE = 8
 # step time by more than this fraction: jobs report every ~30 s, and refitting (and re-planning)
 # every job every round for timer noise would cost more than it could change a decision.
 REFIT_TOLERANCE = 0.02
-# evaluate_jobs works through jobs in slices of about this many grid cells: large enough to
-# amortise numpy's per-call overhead, small enough that temporaries stay in cache (measured:
-# 1000 jobs x 20 configs x 50 candidates takes ~75 ms in one slice, ~50 ms in slices of 100k).
-_CHUNK_ELEMENTS = 100_000
+# evaluate_jobs works through jobs in slices of at most this many grid cells (128 KiB per float64
+# array): large enough to amortise numpy's per-call overhead, small enough that the arrays stay in
+# cache and below glibc's mmap threshold, so temporaries are recycled rather than mapped fresh and
+# page-faulted on every call (measured, 1000 jobs x 20 configs x 50 candidates: ~35 ms per cold
+# call at 16k cells, ~55 ms at 25k-100k cells).
+_CHUNK_ELEMENTS = 16_384
 # Stand-in parameters for configurations the job cannot use; their throughput is masked to 0.
 _UNUSABLE = ThroughputParams(1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
 
@@ -337,38 +339,17 @@ class JobGoodputEstimator:
             )
         return self._table
 
-    def _plan_inputs(self, configs: tuple[Configuration, ...]) -> _PlanInputs:
-        """Which model evaluates each configuration, and the bootstrap ratio applied to it."""
-        table = self._type_table()
-        unusable = len(table.index)  # the stand-in row: no data on the type, infeasible
-        own = np.array(
-            [table.index.get(self._aliases.get(c.gpu_type, c.gpu_type), unusable) for c in configs],
-            dtype=np.int64,
-        )
-        gpus = np.array([c.gpus for c in configs], dtype=np.int64)
-        projected = (gpus > 1) & ~table.multi_gpu[own] & (own != unusable) & (table.reference >= 0)
-        source = np.where(projected, table.reference, own)
-        return _PlanInputs(
-            params=table.params[source],
-            nodes=np.array([c.nodes for c in configs], dtype=np.int64),
-            gpus=gpus,
-            source_limit=table.max_local_bsz[source],
-            target_limit=table.max_local_bsz[own],
-            ratio=np.where(projected, table.xput1[own] / table.xput1[table.reference], 1.0),
-            projected=projected,
-        )
-
     def _plan(self, configs: tuple[Configuration, ...], fixed_batch: bool) -> CandidateGrid:
         """Candidate grid with throughput for each configuration, bootstrap projection applied."""
         fixed = self._fixed_batch_size if fixed_batch else None
-        return _grid(self._plan_inputs(configs), self._limits, fixed, self._num_candidates)
+        return _grid(_plan_inputs((self,), configs), self._limits, fixed, self._num_candidates)
 
 
 @dataclass(frozen=True)
 class _PlanInputs:
-    """Per-configuration inputs of the candidate grid; concatenable across jobs."""
+    """Inputs of the candidate grid, one entry per (job, configuration) row, job-major."""
 
-    params: npt.NDArray[np.float64]  # (C, 7) parameters of the model evaluated
+    params: npt.NDArray[np.float64]  # (R, 7) parameters of the model evaluated
     nodes: npt.NDArray[np.int64]
     gpus: npt.NDArray[np.int64]
     source_limit: npt.NDArray[np.int64]  # max_local_bsz of the type whose model is evaluated
@@ -376,11 +357,58 @@ class _PlanInputs:
     ratio: npt.NDArray[np.float64]  # xput1(A) / xput1(B) where projected, else 1
     projected: npt.NDArray[np.bool_]
 
-    @classmethod
-    def concatenate(cls, parts: Sequence[_PlanInputs]) -> _PlanInputs:
-        return cls(
-            *(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(_PlanInputs))
-        )
+    def rows(self, index: slice) -> _PlanInputs:
+        """The inputs of a range of rows (views)."""
+        return _PlanInputs(*(getattr(self, f.name)[index] for f in fields(_PlanInputs)))
+
+
+def _plan_inputs(
+    jobs: Sequence[JobGoodputEstimator], configs: tuple[Configuration, ...]
+) -> _PlanInputs:
+    """Which model evaluates each (job, configuration), and the bootstrap ratio applied to it.
+
+    The jobs' type tables are stacked into one table, so every job is resolved in one numpy
+    pass; the only Python work per job is a dict lookup per distinct GPU type of ``configs``.
+    A job's rows in the stacked table start at ``first``; its last row is the stand-in for
+    types it has no data on (max_local_bsz 0: infeasible, never projected).
+    """
+    columns = {name: i for i, name in enumerate(dict.fromkeys(c.gpu_type for c in configs))}
+    type_of, nodes, gpus = np.array(
+        [(columns[c.gpu_type], c.nodes, c.gpus) for c in configs], dtype=np.int64
+    ).T.reshape(3, len(configs))
+    tables = [job._type_table() for job in jobs]
+    own_rows: list[list[int]] = []  # per job: its table row of each GPU type in ``columns``
+    reference_rows: list[int] = []  # per job: its row of type B, -1 if none
+    first = 0
+    for job, table in zip(jobs, tables, strict=True):
+        stand_in = len(table.index)
+        aliases = job._aliases
+        own_rows.append([first + table.index.get(aliases.get(n, n), stand_in) for n in columns])
+        reference_rows.append(first + table.reference if table.reference >= 0 else -1)
+        first += stand_in + 1
+    params, xput1, max_local_bsz, multi_gpu = (
+        _stack([getattr(t, name) for t in tables])
+        for name in ("params", "xput1", "max_local_bsz", "multi_gpu")
+    )
+    own = np.array(own_rows, dtype=np.intp).reshape(len(jobs), len(columns))[:, type_of]
+    reference = np.array(reference_rows, dtype=np.intp)[:, None]
+    target_limit = max_local_bsz[own]  # (J, C)
+    projected = (gpus > 1) & (target_limit > 0) & ~multi_gpu[own] & (reference >= 0)
+    source = np.where(projected, reference, own).reshape(-1)
+    return _PlanInputs(
+        params=params[source],
+        nodes=np.tile(nodes, len(jobs)),
+        gpus=np.tile(gpus, len(jobs)),
+        source_limit=max_local_bsz[source],
+        target_limit=target_limit.reshape(-1),
+        ratio=np.where(projected, xput1[own] / xput1[reference], 1.0).reshape(-1),
+        projected=projected.reshape(-1),
+    )
+
+
+def _stack(arrays: list[npt.NDArray[np.generic]]) -> npt.NDArray[np.generic]:
+    """``np.concatenate``, without the copy for one array (the per-job path)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _grid(
@@ -393,11 +421,11 @@ def _grid(
 
     A projected configuration (type A, no multi-GPU data) is evaluated with type B's model and
     memory limit (goodput(B, n, K)), scaled by xput1(A)/xput1(B), and its candidate batches are
-    re-split for A's memory, since A is where the job would run.
+    re-split for A's memory, since A is where the job would run. Only the projected rows are
+    touched (in place): the ratio is 1 elsewhere.
     """
-    count = len(inputs.gpus)
     grid = throughput_grid(
-        StackedParams.from_table(inputs.params, (count, 1)),
+        StackedParams.from_table(inputs.params, (len(inputs.gpus), 1)),
         inputs.nodes,
         inputs.gpus,
         inputs.source_limit,
@@ -405,20 +433,35 @@ def _grid(
         fixed_batch_size=fixed_batch_size,
         num_candidates=num_candidates,
     )
-    throughput = grid.throughput * inputs.ratio[:, None]
-    if not inputs.projected.any():
-        return CandidateGrid(grid.batch_size, grid.local_bsz, grid.accum_steps, throughput)
-    gpus = inputs.gpus[:, None]
-    local_a, accum_a = split_batch(grid.batch_size, gpus, inputs.target_limit[:, None])
-    use_a = inputs.projected[:, None] & (grid.local_bsz > 0)
-    return CandidateGrid(
-        batch_size=np.where(use_a, gpus * local_a * (accum_a + 1), grid.batch_size).astype(
-            np.float64
-        ),
-        local_bsz=np.where(use_a, local_a, grid.local_bsz),
-        accum_steps=np.where(use_a, accum_a, grid.accum_steps),
-        throughput=throughput,
-    )
+    rows = np.flatnonzero(inputs.projected)
+    if rows.size:
+        _project(grid, rows, inputs.gpus[rows], inputs.target_limit[rows], inputs.ratio[rows])
+    return grid
+
+
+def _project(
+    grid: CandidateGrid,
+    rows: npt.NDArray[np.intp],
+    gpus: npt.NDArray[np.int64],
+    target_limit: npt.NDArray[np.int64],
+    ratio: npt.NDArray[np.float64],
+) -> None:
+    """Scale ``rows`` of ``grid`` by the xput1 ratio and re-split their batches for type A."""
+    grid.throughput[rows] *= ratio[:, None]
+    batch_size = grid.batch_size[rows]
+    k = gpus[:, None].astype(np.float64)
+    local_a, micro_a = split_micro_batches(batch_size, k, target_limit[:, None])
+    realised_a = k * local_a
+    realised_a *= micro_a
+    accum_a = np.subtract(micro_a, 1.0, out=micro_a)
+    use_a = grid.local_bsz[rows] > 0  # infeasible candidates keep their placeholders
+    if not use_a.all():
+        realised_a = np.where(use_a, realised_a, batch_size)
+        local_a = np.where(use_a, local_a, grid.local_bsz[rows])
+        accum_a = np.where(use_a, accum_a, grid.accum_steps[rows])
+    grid.batch_size[rows] = realised_a
+    grid.local_bsz[rows] = local_a
+    grid.accum_steps[rows] = accum_a
 
 
 def evaluate_jobs(
@@ -434,48 +477,96 @@ def evaluate_jobs(
     numpy overhead that dominates for small rows. This is how a policy builds Sia's goodput
     matrix G[job, config] for a round; call it once for adaptive jobs and once, with
     ``fixed_batch=True``, for strong-scaling and rigid ones.
+
+    The per-job inputs (plan inputs of the jobs whose grid is not cached, statistics) are
+    gathered once for all jobs; the grid arithmetic then runs over slices of jobs whose arrays
+    stay small (see ``_CHUNK_ELEMENTS``). A slice whose jobs all need a new grid is chosen from
+    straight from it, without a round trip through the per-job caches.
     """
     key = _RowKey(configs, fixed_batch)
-    width = max(len(key.configs), 1) * max((job._num_candidates for job in jobs), default=1)
+    count = len(key.configs)
+    is_cold = [key not in job._plans for job in jobs]
+    cold = [job for job, flag in zip(jobs, is_cold, strict=True) if flag]
+    if len({job._num_candidates for job in cold}) > 1:
+        raise ValueError("evaluate_jobs needs jobs with the same num_candidates")
+    plans = _ColdPlans.gather(cold, key) if cold else None
+    stats = np.array(
+        [(j._grad_stats.grad_sqr, j._grad_stats.grad_var, j._limits.init_batch_size) for j in jobs]
+    ).reshape(len(jobs), 3)
+    grad_sqr, grad_var, init_batch_size = (np.repeat(stats[:, i], count) for i in range(3))
+    width = max(count, 1) * max((job._num_candidates for job in jobs), default=1)
     step = max(1, _CHUNK_ELEMENTS // width)
     rows: list[GoodputRow] = []
+    built = 0
     for start in range(0, len(jobs), step):
-        rows += _evaluate_chunk(jobs[start : start + step], key)
+        part = jobs[start : start + step]
+        fresh = sum(is_cold[start : start + step])
+        if fresh:
+            assert plans is not None
+            grid = plans.build(built, built + fresh)
+            built += fresh
+        if fresh < len(part):
+            grid = _cached_grid(part, key)
+        cells = slice(start * count, (start + len(part)) * count)
+        row = choose_batch_rows(
+            grid, grad_sqr[cells, None], grad_var[cells, None], init_batch_size[cells, None]
+        )
+        per_job = [getattr(row, f.name).reshape(len(part), count) for f in fields(GoodputRow)]
+        rows += [GoodputRow(*values) for values in zip(*per_job, strict=True)]
     return rows
 
 
-def _evaluate_chunk(jobs: Sequence[JobGoodputEstimator], key: _RowKey) -> list[GoodputRow]:
-    """:func:`evaluate_jobs` for a slice of jobs small enough to keep its arrays in cache."""
-    fixed_batch = key.fixed_batch
-    count = len(key.configs)
-    cold = [job for job in jobs if key not in job._plans]
-    if cold:
-        inputs = _PlanInputs.concatenate([job._plan_inputs(key.configs) for job in cold])
-        fixed = np.repeat([job._fixed_batch_size for job in cold], count) if fixed_batch else None
-        limits = RowLimits.repeat([job._limits for job in cold], count)
-        num_candidates = {job._num_candidates for job in cold}
-        if len(num_candidates) != 1:
-            raise ValueError("evaluate_jobs needs jobs with the same num_candidates")
-        grid = _grid(inputs, limits, fixed, num_candidates.pop())
-        for i, job in enumerate(cold):
-            rows = slice(i * count, (i + 1) * count)
+@dataclass(frozen=True)
+class _ColdPlans:
+    """Everything :func:`evaluate_jobs` needs to build the grids of jobs without a cached one."""
+
+    jobs: Sequence[JobGoodputEstimator]
+    key: _RowKey
+    inputs: _PlanInputs
+    limits: RowLimits
+    fixed_batch_size: npt.NDArray[np.int64] | None
+
+    @classmethod
+    def gather(cls, jobs: Sequence[JobGoodputEstimator], key: _RowKey) -> _ColdPlans:
+        """One pass over the jobs' type tables and limits, for all slices at once."""
+        count = len(key.configs)
+        fixed = [job._fixed_batch_size for job in jobs] if key.fixed_batch else None
+        return cls(
+            jobs=jobs,
+            key=key,
+            inputs=_plan_inputs(jobs, key.configs),
+            limits=RowLimits.repeat([job._limits for job in jobs], count),
+            fixed_batch_size=None if fixed is None else np.repeat(fixed, count),
+        )
+
+    def build(self, first: int, stop: int) -> CandidateGrid:
+        """Grids of jobs ``first:stop``, cached in each job; returns them as one grid."""
+        count = len(self.key.configs)
+        cells = slice(first * count, stop * count)
+        jobs = self.jobs[first:stop]
+        fixed = None if self.fixed_batch_size is None else self.fixed_batch_size[cells]
+        grid = _grid(
+            self.inputs.rows(cells), self.limits.rows(cells), fixed, jobs[0]._num_candidates
+        )
+        per_job = (
+            grid.batch_size.reshape(len(jobs), count, -1),
+            grid.local_bsz.reshape(len(jobs), count, -1),
+            grid.accum_steps.reshape(len(jobs), count, -1),
+            grid.throughput.reshape(len(jobs), count, -1),
+        )
+        for job, *arrays in zip(jobs, *per_job, strict=True):
             if len(job._plans) >= _PLAN_CACHE_SIZE:
                 job._plans.clear()
-            job._plans[key] = CandidateGrid(
-                *(getattr(grid, f.name)[rows] for f in fields(CandidateGrid))
-            )
-    if not jobs:
-        return []
+            job._plans[self.key] = CandidateGrid(*arrays)
+        return grid
+
+
+def _cached_grid(jobs: Sequence[JobGoodputEstimator], key: _RowKey) -> CandidateGrid:
+    """The cached grids of ``jobs`` as one grid."""
     grids = [job._plans[key] for job in jobs]
-    grid = CandidateGrid(
-        *(np.concatenate([getattr(g, f.name) for g in grids]) for f in fields(CandidateGrid))
+    return CandidateGrid(
+        np.concatenate([g.batch_size for g in grids]),
+        np.concatenate([g.local_bsz for g in grids]),
+        np.concatenate([g.accum_steps for g in grids]),
+        np.concatenate([g.throughput for g in grids]),
     )
-    stats = np.array([(j.grad_stats.grad_sqr, j.grad_stats.grad_var) for j in jobs])
-    row = choose_batch_rows(
-        grid,
-        np.repeat(stats[:, 0], count)[:, None],
-        np.repeat(stats[:, 1], count)[:, None],
-        np.repeat([j.limits.init_batch_size for j in jobs], count)[:, None],
-    )
-    per_job = [getattr(row, f.name).reshape(len(jobs), count) for f in fields(GoodputRow)]
-    return [GoodputRow(*(values[i] for values in per_job)) for i in range(len(jobs))]

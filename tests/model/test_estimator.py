@@ -233,3 +233,60 @@ def test_evaluate_jobs_matches_per_job_evaluation(profiles: ProfileSet, fixed_ba
     # Warm second call (all cached) gives the same rows again.
     again = evaluate_jobs(batched, configs, fixed_batch=fixed_batch)
     np.testing.assert_array_equal(again[3].goodput, got[3].goodput)
+
+
+def mixed_jobs(profiles: ProfileSet, count: int) -> list[JobGoodputEstimator]:
+    """Jobs covering every kind of row: own multi-GPU models, projection, aliases, limits."""
+    apps = list(profiles.apps.values())
+    made = []
+    for i in range(count):
+        app = apps[i % len(apps)]
+        job = JobGoodputEstimator.from_profile(
+            app,
+            init_batch_size=app.init_batch_size * (1 + i % 2),
+            fixed_batch_size=app.init_batch_size * (1 + i % 7),
+            grad_stats=GradientStats(float(i % 3), 5.0 * i),
+            type_aliases={"quad": "t4"} if i % 5 == 0 else None,
+        )
+        if i % 3:  # rtx becomes the reference type B; others are projected from it
+            seed = app.seed["rtx"][-1]
+            job.observe("rtx", Observation(1, 4, seed.local_bsz, seed.step_time * 1.3, 0.01))
+        if i % 4 == 1:  # a second type with its own multi-node model
+            seed = app.seed["dgx"][-1]
+            job.observe("dgx", Observation(2, 16, seed.local_bsz, seed.step_time * 2, 0.05))
+        made.append(job)
+    return made
+
+
+@pytest.mark.parametrize("fixed_batch", [False, True])
+def test_evaluate_jobs_is_bit_identical_to_per_job_evaluation(
+    profiles: ProfileSet, fixed_batch: bool
+) -> None:
+    # Enough jobs for several slices of evaluate_jobs (large grids take different code paths
+    # than one job's small grid), some of them already cached.
+    configs = [Configuration(t, 1, k) for t in ("t4", "rtx", "dgx", "quad") for k in (1, 2, 3, 4)]
+    configs += [Configuration("t4", 3, 12), Configuration("rtx", 2, 16)]
+    configs += [
+        Configuration("dgx", 2, 16),
+        Configuration("dgx", 4, 32),
+        Configuration("h100", 1, 1),
+    ]
+    separate, batched = mixed_jobs(profiles, 90), mixed_jobs(profiles, 90)
+    for job in batched[5:40:3]:
+        job.evaluate(configs, fixed_batch=fixed_batch)
+    expected = [job.evaluate(configs, fixed_batch=fixed_batch) for job in separate]
+    got = evaluate_jobs(batched, configs, fixed_batch=fixed_batch)
+    names = ("goodput", "throughput", "efficiency", "batch_size", "local_bsz", "accum_steps")
+    for name in names:
+        mine = np.stack([getattr(row, name) for row in got])
+        theirs = np.stack([getattr(row, name) for row in expected])
+        assert mine.dtype == theirs.dtype
+        np.testing.assert_array_equal(mine, theirs, err_msg=name)
+    # The rows exercised what they should: accumulation, infeasible and projected configurations.
+    assert any(row.accum_steps.max() > 0 for row in expected)
+    assert all(row.goodput[-1] == 0.0 for row in expected)  # h100: no profile
+    assert any(job.reference_type() == "rtx" for job in separate)
+    # Cached grids are reused by the per-job path with the same results.
+    again = [job.evaluate(configs, fixed_batch=fixed_batch) for job in batched]
+    for mine, theirs in zip(again, expected, strict=True):
+        np.testing.assert_array_equal(mine.goodput, theirs.goodput)
