@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from sia_slurm.csvtable import CsvTableError, read_rows
 from sia_slurm.model.fit import Observation
 
 GPU_TYPES_FILE = "gpu_types.csv"
@@ -110,34 +111,9 @@ def parse_placement(text: str) -> tuple[int, int]:
 def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """Yield (line number, row) for each data line; checks the header names ``required``."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: file not found") from None
-    lines = [
-        (i, line)
-        for i, line in enumerate(text.splitlines(), start=1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    if not lines:
-        raise ProfileError(
-            f"{path}: expected a header line ({','.join(required)}), got an empty file"
-        )
-    header_line, header_text = lines[0]
-    header = [h.strip() for h in next(csv.reader([header_text]))]
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise ProfileError(
-            f"{path}:{header_line}: header: expected columns {','.join(required)}, "
-            f"missing {','.join(missing)} (found {','.join(header)})"
-        )
-    for lineno, line in lines[1:]:
-        values = [v.strip() for v in next(csv.reader([line]))]
-        if len(values) != len(header):
-            raise ProfileError(
-                f"{path}:{lineno}: row: expected {len(header)} fields ({','.join(header)}), "
-                f"got {len(values)}: {line.strip()!r}"
-            )
-        yield lineno, dict(zip(header, values, strict=True))
+        yield from read_rows(path, required)
+    except CsvTableError as exc:
+        raise ProfileError(str(exc)) from None
 
 
 def _positive_int(where: str, name: str, text: str) -> int:

@@ -42,9 +42,9 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
+from sia_slurm.csvtable import CsvTableError, read_rows
 from sia_slurm.model.efficiency import GradientStats
 from sia_slurm.sim.apps import STATS_DONOR
-from sia_slurm.sim.csvtable import CsvTableError, read_rows
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -21,8 +21,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from sia_slurm.csvtable import CsvTableError, read_rows
 from sia_slurm.sim.apps import APPS
-from sia_slurm.sim.csvtable import CsvTableError, read_rows
 
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 

@@ -1,7 +1,8 @@
-"""Reading the simulator's CSV inputs with line numbers, so every error can say ``file:line``.
+"""Reading CSV inputs with line numbers, so every error can say ``file:line``.
 
-The artifact's files (validation traces, workloads) are plain CSV with a header; columns may come
-in any order and extra columns are ignored. Blank lines and lines starting with ``#`` are skipped.
+Profiles, traces and workloads are plain CSV with a header; columns may come in any order and
+extra columns are ignored. Blank lines and lines starting with ``#`` are skipped. Callers turn
+:class:`CsvTableError` into their own error type where they have one (e.g. ``ProfileError``).
 """
 
 from __future__ import annotations
