@@ -16,6 +16,7 @@ import math
 import os
 import re
 import types
+from collections.abc import Collection
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
@@ -117,17 +118,17 @@ class SiaConfig:
         return self.state_dir / "spool"
 
 
-_TOP_LEVEL = {
-    "round_seconds": 60.0,
-    "state_dir": None,
-    "managed_marker": "sia-slurm",
-    "dry_run": False,
-    "gpu_types": None,
-    "partitions": None,
-    "policy": None,
-    "restart": None,
-    "slurm": None,
-}
+_TOP_LEVEL_KEYS = (
+    "round_seconds",
+    "state_dir",
+    "managed_marker",
+    "dry_run",
+    "gpu_types",
+    "partitions",
+    "policy",
+    "restart",
+    "slurm",
+)
 _REQUIRED_TOP_LEVEL = ("state_dir", "partitions")
 
 
@@ -169,7 +170,7 @@ def parse_config(text: str, path: Path | None = None) -> SiaConfig:
 
 
 def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
-    _check_keys(data, (), _TOP_LEVEL, _REQUIRED_TOP_LEVEL, source)
+    _check_keys(data, (), _TOP_LEVEL_KEYS, _REQUIRED_TOP_LEVEL, source)
     round_seconds = _number(data.get("round_seconds", 60.0), ("round_seconds",), source)
     if round_seconds is not None and round_seconds <= 0:
         source.issue(
@@ -191,13 +192,11 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
     _cross_check(gpu_types, partitions, data, source)
     policy = _policy(data.get("policy"), source)
     restart = _dataclass(RestartConfig, data.get("restart"), ("restart",), source)
-    if restart is not None:
-        for name in ("checkpoint_timeout_s",):
-            if getattr(restart, name) < 0:
-                source.issue(
-                    ("restart", name),
-                    f"expected a non-negative number of seconds, got {getattr(restart, name):g}",
-                )
+    if restart is not None and restart.checkpoint_timeout_s < 0:
+        source.issue(
+            ("restart", "checkpoint_timeout_s"),
+            f"expected a non-negative number of seconds, got {restart.checkpoint_timeout_s:g}",
+        )
     slurm = _dataclass(SlurmConfig, data.get("slurm"), ("slurm",), source)
     if slurm is not None and slurm.backend not in BACKEND_NAMES:
         source.issue(
@@ -439,7 +438,7 @@ def _number(value: Any, keypath: KeyPath, source: YamlSource) -> float | None:
 def _check_keys(
     mapping: dict[str, Any],
     keypath: KeyPath,
-    allowed: dict[str, Any],
+    allowed: Collection[str],
     required: tuple[str, ...],
     source: YamlSource,
 ) -> None:

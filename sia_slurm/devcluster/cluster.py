@@ -155,11 +155,12 @@ class DevCluster:
             "",
             "daemons:",
         ]
+        alive = [is_alive(r) for r in records]
         lines += [
-            f"  {r.role:<20} pid {r.pid:<8} {'running' if is_alive(r) else 'STOPPED'}"
-            for r in records
+            f"  {r.role:<20} pid {r.pid:<8} {'running' if up else 'STOPPED'}"
+            for r, up in zip(records, alive, strict=True)
         ]
-        if not self.is_up():
+        if not all(alive):
             return "\n".join(lines)
         runner = self.runner()
         nodes = runner.run(["sinfo", "-N", "-o", "%N %P %T %G"]).stdout

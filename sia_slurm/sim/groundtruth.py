@@ -60,6 +60,7 @@ import numpy.typing as npt
 
 from sia_slurm.model.fit import Observation
 from sia_slurm.model.profile import ProfileError, read_trace_points
+from sia_slurm.model.throughput import global_batch_size
 
 FloatArray = npt.NDArray[np.float64]
 Shape = tuple[int, int]  # (nodes, gpus)
@@ -269,9 +270,8 @@ class GroundTruth:
         accum_steps: npt.ArrayLike = 0,
     ) -> FloatArray:
         """Samples per second: global batch ``gpus * local_bsz * (accum_steps + 1)`` / T_iter."""
-        accum = np.asarray(accum_steps, dtype=np.float64)
-        batch = np.asarray(gpus, dtype=np.float64) * np.asarray(local_bsz) * (accum + 1)
-        return batch / self.iteration_time(nodes, gpus, local_bsz, accum)
+        batch = global_batch_size(gpus, local_bsz, accum_steps)
+        return batch / self.iteration_time(nodes, gpus, local_bsz, accum_steps)
 
 
 def _read(path: Path) -> list[Observation]:
