@@ -1,0 +1,89 @@
+"""The controller's memory of each managed job: its goodput model and what it has run on.
+
+A job's :class:`JobRecord` lives as long as the job: it is created the first round the job is
+seen (from its :class:`~sia_slurm.protocol.JobSpec`), fed every metrics report, and dropped
+when the job finishes. Nothing here talks to a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sia_slurm.core import JobKind
+from sia_slurm.model import (
+    AppProfile,
+    GradientStats,
+    JobGoodputEstimator,
+    Observation,
+    ProfileSet,
+)
+from sia_slurm.model.profile import load_app_profile
+from sia_slurm.protocol import JobSpec, MetricsReport
+
+
+class UnknownAppError(ValueError):
+    """A job names an app (or profile directory) the controller has no profile for."""
+
+
+@dataclass
+class EstimatorFactory:
+    """Builds a job's :class:`JobGoodputEstimator` from its spec and the site's profiles.
+
+    ``type_aliases`` maps the site's GPU type names (partitions, cluster files) to the profile
+    type names (``{"a100": "dgx"}``). A spec's ``profile`` may name a directory holding its own
+    ``app.yaml``/``seed.csv``/``max_local_bsz.csv`` instead of a shipped app.
+    """
+
+    profiles: ProfileSet
+    type_aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self, spec: JobSpec) -> JobGoodputEstimator:
+        profile = self._profile(spec)
+        fixed = spec.kind in (JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED)
+        return JobGoodputEstimator.from_profile(
+            profile,
+            init_batch_size=spec.init_batch_size or None,
+            max_batch_size=spec.max_batch_size or None,
+            fixed_batch_size=(spec.init_batch_size or profile.init_batch_size) if fixed else None,
+            type_aliases=self.type_aliases,
+        )
+
+    def _profile(self, spec: JobSpec) -> AppProfile:
+        if spec.profile and ("/" in spec.profile or Path(spec.profile).is_dir()):
+            try:
+                return load_app_profile(Path(spec.profile), self.profiles.gpu_types)
+            except (OSError, ValueError) as exc:
+                raise UnknownAppError(f"job {spec.sia_id}: profile {spec.profile}: {exc}") from None
+        name = spec.profile or spec.app
+        try:
+            return self.profiles.app(name)
+        except (KeyError, ValueError) as exc:
+            raise UnknownAppError(f"job {spec.sia_id}: app: {exc}") from None
+
+
+@dataclass
+class JobRecord:
+    """What the controller remembers about one job between rounds."""
+
+    spec: JobSpec
+    estimator: JobGoodputEstimator
+    max_gpus_seen: int = 0
+    reports: int = 0
+    last_report_time: float = float("-inf")
+
+    def ingest(self, report: MetricsReport) -> None:
+        """Feed one metrics report to the job's goodput model (throughput and statistics)."""
+        observation = Observation(
+            nodes=report.nodes,
+            gpus=report.gpus,
+            local_bsz=report.local_bsz,
+            step_time=report.step_time,
+            sync_time=report.sync_time,
+            accum_steps=report.accum_steps,
+        )
+        self.estimator.observe(report.gpu_type, observation)
+        self.estimator.update_grad_stats(GradientStats(report.grad_sqr, report.grad_var))
+        self.reports += 1
+        self.last_report_time = report.time

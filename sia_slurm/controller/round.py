@@ -1,0 +1,260 @@
+"""One scheduling round: observe -> estimate -> allocate -> place -> actions.
+
+:class:`Controller` is the only place that runs a round; ``sia-slurm controller run`` drives it
+with the Slurm backend and the wall clock, ``sia-slurm simulate`` with the simulated cluster and
+a simulated clock. It reads a :class:`~sia_slurm.cluster.ClusterSnapshot` and returns the
+:class:`~sia_slurm.cluster.Action` list; applying them is the caller's business, so the same
+round also serves ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from sia_slurm.cluster import (
+    Action,
+    BatchChoice,
+    ClusterSnapshot,
+    JobPhase,
+    JobSnapshot,
+    Move,
+    Rebatch,
+    Start,
+    Stop,
+)
+from sia_slurm.controller.jobs import JobRecord
+from sia_slurm.core import JobKind
+from sia_slurm.model import JobGoodputEstimator
+from sia_slurm.policy.base import (
+    Allocation,
+    ClusterView,
+    JobAllocation,
+    JobView,
+    NodeShare,
+    Policy,
+    PolicyInput,
+)
+from sia_slurm.policy.placement import Placement, place
+from sia_slurm.protocol import JobSpec, MetricsReport
+
+logger = logging.getLogger(__name__)
+
+EstimatorBuilder = Callable[[JobSpec], JobGoodputEstimator]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One job's outcome of a round, for logs, ``sia-slurm explain`` and the dashboard."""
+
+    sia_id: str
+    phase: str
+    action: str  # "start", "move", "stop", "rebatch", "keep", "wait"
+    before: str  # configuration before the round ("-" when none)
+    after: str  # configuration after the round ("-" when none)
+    batch_size: int = 0
+    local_bsz: int = 0
+    accum_steps: int = 0
+    goodput: float = 0.0  # predicted samples/s at M0-equivalent efficiency
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """Everything one round decided, and how long each stage took (seconds)."""
+
+    round_index: int
+    time: float
+    allocation: Allocation
+    placement: Placement
+    actions: tuple[Action, ...]
+    decisions: tuple[Decision, ...]
+    rejected: tuple[str, ...] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
+
+
+class Controller:
+    """Runs rounds against snapshots; keeps each job's goodput model and the policy's memory."""
+
+    def __init__(self, policy: Policy, estimator_for: EstimatorBuilder) -> None:
+        self.policy = policy
+        self._estimator_for = estimator_for
+        self.jobs: dict[str, JobRecord] = {}
+        self.previous: Allocation | None = None
+        self.round_index = 0
+
+    # --------------------------------------------------------------------------------------
+    # The round
+
+    def round(self, snapshot: ClusterSnapshot) -> RoundOutcome:
+        """Decide this round's actions from ``snapshot`` (does not apply them)."""
+        t0 = time.perf_counter()
+        live, rejected = self._observe(snapshot)
+        t1 = time.perf_counter()
+        cluster = ClusterView(snapshot.nodes)
+        views = tuple(self._view(job, snapshot.time) for job in live)
+        policy_input = PolicyInput(
+            cluster=cluster,
+            jobs=views,
+            previous=self.previous,
+            now=snapshot.time,
+            round_index=self.round_index,
+        )
+        allocation = self.policy.solve(policy_input)
+        t2 = time.perf_counter()
+        placement = place(cluster, allocation, views)
+        t3 = time.perf_counter()
+        actions, decisions = self._diff(live, allocation, placement)
+        outcome = RoundOutcome(
+            round_index=self.round_index,
+            time=snapshot.time,
+            allocation=allocation,
+            placement=placement,
+            actions=tuple(actions),
+            decisions=tuple(decisions),
+            rejected=tuple(rejected),
+            timings={
+                "observe_s": t1 - t0,
+                "policy_s": t2 - t1,
+                "place_s": t3 - t2,
+                "total_s": time.perf_counter() - t0,
+            },
+        )
+        self.previous = allocation
+        self.round_index += 1
+        return outcome
+
+    # --------------------------------------------------------------------------------------
+    # Observe: admit new jobs, forget finished ones, learn from reports
+
+    def _observe(self, snapshot: ClusterSnapshot) -> tuple[list[JobSnapshot], list[str]]:
+        rejected = list(snapshot.rejected)
+        live: list[JobSnapshot] = []
+        seen: set[str] = set()
+        for job in snapshot.jobs:
+            seen.add(job.sia_id)
+            if job.phase.finished:
+                self.jobs.pop(job.sia_id, None)
+                continue
+            record = self.jobs.get(job.sia_id)
+            if record is None:
+                try:
+                    record = JobRecord(job.spec, self._estimator_for(job.spec))
+                except ValueError as exc:
+                    rejected.append(f"job {job.sia_id}: not scheduled: {exc}")
+                    continue
+                self.jobs[job.sia_id] = record
+            if job.phase.holds_gpus and job.config is not None:
+                record.max_gpus_seen = max(record.max_gpus_seen, job.config.gpus)
+            live.append(job)
+        for gone in set(self.jobs) - seen:  # vanished from the cluster without finishing
+            del self.jobs[gone]
+        for report in snapshot.reports:
+            rejected.extend(self._ingest(report))
+        return live, rejected
+
+    def _ingest(self, report: MetricsReport) -> list[str]:
+        record = self.jobs.get(report.sia_id)
+        if record is None:
+            return [f"metrics for {report.sia_id}: no such live managed job; ignored"]
+        try:
+            record.ingest(report)
+        except ValueError as exc:
+            return [f"metrics for {report.sia_id}: {exc}; ignored"]
+        return []
+
+    def _view(self, job: JobSnapshot, now: float) -> JobView:
+        record = self.jobs[job.sia_id]
+        spec = job.spec
+        holds = job.phase.holds_gpus
+        return JobView(
+            job_id=job.sia_id,
+            kind=spec.kind,
+            estimator=record.estimator,
+            age=max(now - spec.submit_time, 0.0),
+            submit_time=spec.submit_time,
+            restarts=job.restarts,
+            restart_cost=spec.restart_cost,
+            current=job.config if holds else None,
+            placement=job.placement if holds else (),
+            min_gpus=spec.min_gpus,
+            max_gpus=spec.max_gpus,
+            max_gpus_seen=record.max_gpus_seen,
+            requested_gpus=spec.requested_gpus,
+            requested_gpu_type=spec.requested_gpu_type,
+            restoring=job.phase is JobPhase.STARTING,
+        )
+
+    # --------------------------------------------------------------------------------------
+    # Diff: current state vs. placed allocation -> actions
+
+    def _diff(
+        self, live: list[JobSnapshot], allocation: Allocation, placement: Placement
+    ) -> tuple[list[Action], list[Decision]]:
+        stops: list[Action] = []
+        moves: list[Action] = []
+        rebatches: list[Action] = []
+        starts: list[Action] = []
+        decisions: list[Decision] = []
+        r = self.round_index
+        for job in live:
+            share = allocation.get(job.sia_id)
+            nodes = placement.assignments.get(job.sia_id)
+            before = str(job.config) if job.phase.holds_gpus else "-"
+            if share is None or nodes is None:
+                note = "allocated but not placed" if share is not None else ""
+                if job.phase.holds_gpus and job.spec.kind is not JobKind.PINNED:
+                    stops.append(Stop(job.sia_id, r))
+                    decisions.append(_decision(job, "stop", before, None, note))
+                else:
+                    action = "keep" if job.phase.holds_gpus else "wait"
+                    decisions.append(_decision(job, action, before, None, note))
+                continue
+            batch = BatchChoice(share.batch_size, share.local_bsz, share.accum_steps)
+            if not job.phase.holds_gpus:
+                starts.append(Start(job.sia_id, r, share.config, nodes, batch))
+                decisions.append(_decision(job, "start", before, share))
+            elif share.config != job.config or not _same_nodes(nodes, job.placement):
+                moves.append(Move(job.sia_id, r, share.config, nodes, batch))
+                decisions.append(_decision(job, "move", before, share))
+            elif (
+                job.spec.kind is JobKind.ADAPTIVE
+                and job.phase is JobPhase.RUNNING
+                and job.batch is not None
+                and batch != job.batch
+            ):
+                rebatches.append(Rebatch(job.sia_id, r, batch))
+                decisions.append(_decision(job, "rebatch", before, share))
+            else:
+                decisions.append(_decision(job, "keep", before, share))
+        # Free GPUs before granting them: stops, then moves, then batch-only changes, then starts.
+        return [*stops, *moves, *rebatches, *starts], decisions
+
+
+def _same_nodes(a: tuple[NodeShare, ...], b: tuple[NodeShare, ...]) -> bool:
+    return sorted((s.node, s.gpus) for s in a) == sorted((s.node, s.gpus) for s in b)
+
+
+def _decision(
+    job: JobSnapshot, action: str, before: str, share: JobAllocation | None, note: str = ""
+) -> Decision:
+    if share is None:
+        return Decision(job.sia_id, job.phase.value, action, before, "-", note=note)
+    return Decision(
+        sia_id=job.sia_id,
+        phase=job.phase.value,
+        action=action,
+        before=before,
+        after=str(share.config),
+        batch_size=share.batch_size,
+        local_bsz=share.local_bsz,
+        accum_steps=share.accum_steps,
+        goodput=share.goodput,
+        note=note,
+    )

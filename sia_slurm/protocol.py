@@ -1,0 +1,340 @@
+"""The job protocol: the files the controller and a managed job exchange under ``state_dir``.
+
+Both sides import this module, so the formats are defined once (``docs/protocol.md`` describes
+them for people)::
+
+    jobs/<sia_id>/spec.json        by sia-sbatch at submission           (JobSpec)
+    jobs/<sia_id>/assignment.json  by the controller before release      (Assignment)
+    jobs/<sia_id>/ack-<round>      by rank 0 after its checkpoint        (empty file)
+    spool/<sia_id>.json            by rank 0 every ~30 s                 (MetricsReport)
+
+Every file is written atomically (temporary file in the same directory, fsync, rename), so a
+reader sees either the old or the new content, never a torn one. Every reader validates the
+whole file and raises :class:`ProtocolError` naming the file and the field; nothing here
+guesses a default for a missing field except the ones documented on each dataclass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sia_slurm.core import JobKind
+
+PROTOCOL_VERSION = 1
+MAX_FILE_BYTES = 64 * 1024  # no protocol file is legitimately larger
+SIA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+class ProtocolError(ValueError):
+    """A protocol file is missing, too large, not JSON, or has a bad field."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Paths
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    """Where each protocol file of ``state_dir`` lives (no I/O)."""
+
+    state_dir: Path
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_dir / "jobs"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.state_dir / "spool"
+
+    def job_dir(self, sia_id: str) -> Path:
+        return self.jobs_dir / check_sia_id(sia_id)
+
+    def spec(self, sia_id: str) -> Path:
+        return self.job_dir(sia_id) / "spec.json"
+
+    def assignment(self, sia_id: str) -> Path:
+        return self.job_dir(sia_id) / "assignment.json"
+
+    def ack(self, sia_id: str, round_index: int) -> Path:
+        return self.job_dir(sia_id) / f"ack-{round_index}"
+
+    def metrics(self, sia_id: str) -> Path:
+        return self.spool_dir / f"{check_sia_id(sia_id)}.json"
+
+
+def check_sia_id(sia_id: str) -> str:
+    """``sia_id`` if it is a safe file name (letters, digits, ``_.-``; at most 64), else raise."""
+    if not isinstance(sia_id, str) or not SIA_ID.match(sia_id):
+        raise ProtocolError(
+            f"sia job id: expected 1-64 letters, digits, '_', '.' or '-' (not starting with "
+            f"a punctuation mark), got {sia_id!r}"
+        )
+    return sia_id
+
+
+# ------------------------------------------------------------------------------------------------
+# The three documents
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked for, recorded by ``sia-sbatch`` (and by the simulator per workload job).
+
+    ``init_batch_size`` is M0. ``max_gpus`` ``None`` means "as many as the batch limits allow".
+    ``requested_gpus`` / ``requested_gpu_type`` are the size rigid, pinned, FIFO and Gavel jobs
+    run at. ``restart_cost`` is the seconds a restart costs this job (``None``: the policy's
+    default). ``profile`` names the app profile (``profiles/<app>/``) or a profile directory.
+    """
+
+    sia_id: str
+    app: str
+    kind: JobKind = JobKind.ADAPTIVE
+    init_batch_size: int = 0  # 0: the profile's
+    max_batch_size: int = 0  # 0: the profile's
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    requested_gpus: int = 1
+    requested_gpu_type: str | None = None
+    restart_cost: float | None = None
+    submit_time: float = 0.0
+    checkpoint_dir: str = ""
+    command: tuple[str, ...] = ()
+    profile: str | None = None
+    owner_uid: int | None = None
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        check_sia_id(self.sia_id)
+        object.__setattr__(self, "kind", JobKind(self.kind))
+        object.__setattr__(self, "command", tuple(self.command))
+        if self.min_gpus < 1 or self.requested_gpus < 1:
+            raise ProtocolError("min_gpus, requested_gpus: expected integers >= 1")
+        if self.max_gpus is not None and self.max_gpus < self.min_gpus:
+            raise ProtocolError(f"max_gpus: {self.max_gpus} is below min_gpus {self.min_gpus}")
+        if self.init_batch_size < 0 or self.max_batch_size < 0:
+            raise ProtocolError("init_batch_size, max_batch_size: expected integers >= 0")
+        if self.max_batch_size and self.init_batch_size > self.max_batch_size:
+            raise ProtocolError(
+                f"init_batch_size: {self.init_batch_size} exceeds max_batch_size "
+                f"{self.max_batch_size}"
+            )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The controller's decision for one job, read by the launcher before it starts training.
+
+    ``round_index`` increases with every decision for the job; the launcher compares it with
+    the round of its checkpoint. ``accum_steps`` counts *extra* micro-batches (Pollux's
+    convention), so ``batch_size == gpus * local_bsz * (accum_steps + 1)``.
+    """
+
+    sia_id: str
+    round_index: int
+    gpu_type: str
+    partition: str
+    nodes: int
+    gpus: int
+    node_list: tuple[str, ...]
+    batch_size: int
+    local_bsz: int
+    accum_steps: int
+    restarts: int = 0
+    slurm_job_id: str = ""
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        check_sia_id(self.sia_id)
+        object.__setattr__(self, "node_list", tuple(self.node_list))
+        if self.nodes < 1 or self.gpus < self.nodes or self.gpus % self.nodes:
+            raise ProtocolError(
+                f"nodes, gpus: expected gpus a multiple of nodes >= 1, got nodes={self.nodes} "
+                f"gpus={self.gpus}"
+            )
+        if self.node_list and len(self.node_list) != self.nodes:
+            raise ProtocolError(f"node_list: {len(self.node_list)} names for nodes={self.nodes}")
+        if self.local_bsz < 1 or self.accum_steps < 0:
+            raise ProtocolError("local_bsz >= 1 and accum_steps >= 0 expected")
+        if self.batch_size != self.gpus * self.local_bsz * (self.accum_steps + 1):
+            raise ProtocolError(
+                f"batch_size: {self.batch_size} != gpus*local_bsz*(accum_steps+1) = "
+                f"{self.gpus * self.local_bsz * (self.accum_steps + 1)}"
+            )
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+
+@dataclass(frozen=True)
+class MetricsReport:
+    """What a running job measured, as rank 0 reports it (and as the simulator reports it).
+
+    ``step_time`` is the mean time of a synchronising micro-batch and ``sync_time`` the part of
+    it spent in the gradient all-reduce after compute (so ``0 <= sync_time < step_time``), the
+    meaning :class:`sia_slurm.model.Observation` takes. ``grad_sqr`` / ``grad_var`` are the
+    gradient noise statistics normalised to M0. ``steps`` counts optimizer steps since the job
+    first started; ``time`` is when the report was written (seconds since the epoch, or the
+    simulated clock).
+    """
+
+    sia_id: str
+    time: float
+    gpu_type: str
+    nodes: int
+    gpus: int
+    local_bsz: int
+    accum_steps: int
+    step_time: float
+    sync_time: float
+    grad_sqr: float
+    grad_var: float
+    steps: int = 0
+    round_index: int = 0
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        check_sia_id(self.sia_id)
+        if self.nodes < 1 or self.gpus < self.nodes:
+            raise ProtocolError(
+                f"nodes, gpus: expected 1 <= nodes <= gpus, got {self.nodes}, {self.gpus}"
+            )
+        if self.local_bsz < 1 or self.accum_steps < 0 or self.steps < 0:
+            raise ProtocolError("local_bsz >= 1, accum_steps >= 0 and steps >= 0 expected")
+        for name in ("time", "step_time", "grad_sqr", "grad_var"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ProtocolError(f"{name}: expected a finite number >= 0, got {value!r}")
+        if not self.step_time > 0:
+            raise ProtocolError(f"step_time: expected > 0, got {self.step_time!r}")
+        if not (math.isfinite(self.sync_time) and 0 <= self.sync_time < self.step_time):
+            raise ProtocolError(
+                f"sync_time: expected 0 <= sync_time < step_time ({self.step_time}), "
+                f"got {self.sync_time!r}"
+            )
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading and writing
+
+_D = TypeVar("_D", JobSpec, Assignment, MetricsReport)
+
+
+def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (temp file beside it, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def to_json(document: JobSpec | Assignment | MetricsReport) -> dict[str, Any]:
+    """The JSON object of a protocol document (tuples become lists, enums their values)."""
+    payload = asdict(document)
+    for key, value in payload.items():
+        if isinstance(value, tuple):
+            payload[key] = list(value)
+        elif isinstance(value, JobKind):
+            payload[key] = value.value
+    return payload
+
+
+def write_document(path: Path, document: JobSpec | Assignment | MetricsReport) -> None:
+    write_json_atomic(path, to_json(document))
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`ProtocolError` (naming the file) otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise ProtocolError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise ProtocolError(f"{path}: larger than {max_bytes} bytes")
+    try:
+        payload = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"{path}: expected a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def _field_checkers() -> dict[str, Callable[[Any], bool]]:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v: Any) -> bool:
+        return (isinstance(v, int | float)) and not isinstance(v, bool)
+
+    return {
+        "int": is_int,
+        "float": is_num,
+        "str": lambda v: isinstance(v, str),
+        "int | None": lambda v: v is None or is_int(v),
+        "float | None": lambda v: v is None or is_num(v),
+        "str | None": lambda v: v is None or isinstance(v, str),
+        "JobKind": lambda v: isinstance(v, str) and v in {k.value for k in JobKind},
+        "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    }
+
+
+_CHECKERS = _field_checkers()
+
+
+def from_json(cls: type[_D], payload: Mapping[str, Any], where: str) -> _D:
+    """Build ``cls`` from a JSON object, naming ``where`` and the field on any problem.
+
+    Unknown keys are refused (a typo would otherwise be silently ignored); a newer
+    ``version`` than this code knows is refused with a message that says so.
+    """
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(payload) - set(known))
+    if unknown:
+        raise ProtocolError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    version = payload.get("version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{where}: version: this sia-slurm speaks protocol {PROTOCOL_VERSION}, got {version!r}"
+        )
+    values: dict[str, Any] = {}
+    for name, spec in known.items():
+        if name not in payload:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                raise ProtocolError(f"{where}: {name}: missing")
+            continue
+        value = payload[name]
+        check = _CHECKERS[str(spec.type)]
+        if not check(value):
+            raise ProtocolError(f"{where}: {name}: expected {spec.type}, got {value!r}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return cls(**values)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"{where}: {exc}") from None
+
+
+def read_document(cls: type[_D], path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> _D:
+    """Read and validate one protocol file (:class:`ProtocolError` names file and field)."""
+    return from_json(cls, read_json(path, max_bytes=max_bytes), str(path))
