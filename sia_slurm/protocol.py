@@ -5,6 +5,7 @@ them for people)::
 
     jobs/<sia_id>/spec.json        by sia-sbatch at submission           (JobSpec)
     jobs/<sia_id>/assignment.json  by the controller before release      (Assignment)
+    jobs/<sia_id>/stop.json        by the controller to ask for a stop   (StopRequest)
     jobs/<sia_id>/ack-<round>      by rank 0 after its checkpoint        (empty file)
     spool/<sia_id>.json            by rank 0 every ~30 s                 (MetricsReport)
 
@@ -63,6 +64,9 @@ class StatePaths:
 
     def assignment(self, sia_id: str) -> Path:
         return self.job_dir(sia_id) / "assignment.json"
+
+    def stop_request(self, sia_id: str) -> Path:
+        return self.job_dir(sia_id) / "stop.json"
 
     def ack(self, sia_id: str, round_index: int) -> Path:
         return self.job_dir(sia_id) / f"ack-{round_index}"
@@ -223,10 +227,31 @@ class MetricsReport:
             )
 
 
+@dataclass(frozen=True)
+class StopRequest:
+    """The controller asks a running job to checkpoint and stop (written before it signals).
+
+    The job polls this file (and reacts to SIGUSR1 as a wake-up); all ranks stop at the same
+    step, rank 0 checkpoints, then writes ``ack-<round_index>``. The controller then requeues
+    the job, so the job must not treat the stop as the end of training.
+    """
+
+    sia_id: str
+    round_index: int
+    time: float = 0.0
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        check_sia_id(self.sia_id)
+        if self.round_index < 0:
+            raise ProtocolError(f"round_index: expected >= 0, got {self.round_index}")
+
+
 # ------------------------------------------------------------------------------------------------
 # Reading and writing
 
-_D = TypeVar("_D", JobSpec, Assignment, MetricsReport)
+_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest)
+Document = JobSpec | Assignment | MetricsReport | StopRequest
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:
@@ -246,7 +271,7 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o6
         raise
 
 
-def to_json(document: JobSpec | Assignment | MetricsReport) -> dict[str, Any]:
+def to_json(document: Document) -> dict[str, Any]:
     """The JSON object of a protocol document (tuples become lists, enums their values)."""
     payload = asdict(document)
     for key, value in payload.items():
@@ -257,7 +282,7 @@ def to_json(document: JobSpec | Assignment | MetricsReport) -> dict[str, Any]:
     return payload
 
 
-def write_document(path: Path, document: JobSpec | Assignment | MetricsReport) -> None:
+def write_document(path: Path, document: Document) -> None:
     write_json_atomic(path, to_json(document))
 
 
