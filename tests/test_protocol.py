@@ -1,0 +1,145 @@
+"""The job protocol documents: round trips, atomic writes, and errors that name file and field."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sia_slurm.core import JobKind
+from sia_slurm.protocol import (
+    MAX_FILE_BYTES,
+    Assignment,
+    JobSpec,
+    MetricsReport,
+    ProtocolError,
+    StatePaths,
+    StopRequest,
+    check_sia_id,
+    read_document,
+    write_document,
+)
+
+
+def _report(**overrides: object) -> dict[str, object]:
+    payload: dict[str, object] = {
+        "sia_id": "j1",
+        "time": 10.0,
+        "gpu_type": "a100",
+        "nodes": 1,
+        "gpus": 2,
+        "local_bsz": 64,
+        "accum_steps": 0,
+        "step_time": 0.2,
+        "sync_time": 0.05,
+        "grad_sqr": 1.5,
+        "grad_var": 3.0,
+    }
+    payload.update(overrides)
+    return payload
+
+
+def test_documents_round_trip(tmp_path: Path) -> None:
+    paths = StatePaths(tmp_path)
+    spec = JobSpec(
+        "j1", "cifar10", kind=JobKind.RIGID, requested_gpus=4, command=("python", "t.py")
+    )
+    assignment = Assignment("j1", 3, "rtx", "rtx", 2, 4, ("rtx-1", "rtx-2"), 512, 64, 1)
+    report = MetricsReport(**_report())  # type: ignore[arg-type]
+    stop = StopRequest("j1", 3, 12.5)
+    for path, document in [
+        (paths.spec("j1"), spec),
+        (paths.assignment("j1"), assignment),
+        (paths.metrics("j1"), report),
+        (paths.stop_request("j1"), stop),
+    ]:
+        write_document(path, document)
+        assert read_document(type(document), path) == document
+    assert assignment.gpus_per_node == 2
+    assert json.loads(paths.spec("j1").read_text())["kind"] == "rigid"
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
+    path = StatePaths(tmp_path).stop_request("j1")
+    for round_index in range(5):
+        write_document(path, StopRequest("j1", round_index))
+    assert sorted(os.listdir(path.parent)) == ["stop.json"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"step_time": -1.0}, "step_time"),
+        ({"sync_time": 0.3}, "sync_time"),
+        ({"grad_var": float("nan")}, "grad_var"),
+        ({"nodes": 3}, "nodes"),
+        ({"local_bsz": "64"}, "local_bsz: expected int"),
+        ({"extra": 1}, "unknown field(s) extra"),
+        ({"version": 99}, "version"),
+        ({"sia_id": "../etc"}, "sia job id"),
+    ],
+)
+def test_bad_metrics_name_the_file_and_the_field(
+    tmp_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(_report(**overrides)))
+    with pytest.raises(ProtocolError) as excinfo:
+        read_document(MetricsReport, path)
+    assert str(path) in str(excinfo.value)
+    assert message in str(excinfo.value)
+
+
+def test_missing_field_is_named(tmp_path: Path) -> None:
+    payload = _report()
+    del payload["step_time"]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ProtocolError, match="step_time: missing"):
+        read_document(MetricsReport, path)
+
+
+def test_not_json_too_large_and_missing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        read_document(MetricsReport, bad)
+    big = tmp_path / "big.json"
+    big.write_text(" " * (MAX_FILE_BYTES + 1))
+    with pytest.raises(ProtocolError, match="larger than"):
+        read_document(MetricsReport, big)
+    with pytest.raises(ProtocolError, match="cannot read"):
+        read_document(MetricsReport, tmp_path / "absent.json")
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ProtocolError, match="expected a JSON object"):
+        read_document(MetricsReport, listed)
+
+
+def test_assignment_batch_must_add_up() -> None:
+    with pytest.raises(ProtocolError, match="batch_size"):
+        Assignment("j1", 0, "t4", "t4", 1, 2, (), 100, 32, 0)
+    with pytest.raises(ProtocolError, match="node_list"):
+        Assignment("j1", 0, "t4", "t4", 2, 4, ("t4-1",), 128, 32, 0)
+
+
+def test_spec_limits() -> None:
+    with pytest.raises(ProtocolError, match="max_gpus"):
+        JobSpec("j1", "bert", min_gpus=4, max_gpus=2)
+    with pytest.raises(ProtocolError, match="init_batch_size"):
+        JobSpec("j1", "bert", init_batch_size=512, max_batch_size=256)
+    with pytest.raises(ValueError):
+        JobSpec("j1", "bert", kind="elastic")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("good", ["j1", "s1700000000000-ab12", "a.b_c-d"])
+def test_sia_ids_accepted(good: str) -> None:
+    assert check_sia_id(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "x" * 65, "sp ace"])
+def test_sia_ids_refused(bad: str) -> None:
+    with pytest.raises(ProtocolError):
+        check_sia_id(bad)
