@@ -5,9 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages="slurmctld slurmd slurm-client munge"
+# chromium renders the static dashboard in its headless test (sia-slurm report).
+packages="slurmctld slurmd slurm-client munge chromium"
 missing=0
-for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey; do
+for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium; do
     command -v "$program" >/dev/null 2>&1 || [ -x "/usr/sbin/$program" ] || missing=1
 done
 if [ "$missing" = 1 ]; then

@@ -1,0 +1,203 @@
+// sia-slurm static report: renders window.SIA_REPORT (written to data.js by `sia-slurm report`)
+// into tables and inline SVG charts. No network, no libraries, works from file://.
+"use strict";
+
+(function () {
+  const SVG = "http://www.w3.org/2000/svg";
+  const PALETTE = ["#3b6fd8", "#e07b39", "#2f9e6e", "#b2459b", "#c9a227", "#5a5f6e", "#d1495b"];
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function svgEl(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function fmt(value, digits) {
+    if (value === null || value === undefined || Number.isNaN(value)) return "-";
+    if (typeof value !== "number") return String(value);
+    return value.toFixed(digits === undefined ? 2 : digits);
+  }
+
+  function colours(types) {
+    const map = {};
+    types.forEach((t, i) => { map[t] = PALETTE[i % PALETTE.length]; });
+    return map;
+  }
+
+  // A chart frame: returns {svg, x(v), y(v), plot area} with axes and ticks.
+  function frame(container, opts) {
+    const width = opts.width || 1100, height = opts.height || 260;
+    const m = { l: 56, r: 16, t: 10, b: 34 };
+    const svg = svgEl("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img" });
+    const [x0, x1] = opts.xDomain, [y0, y1] = opts.yDomain;
+    const sx = (v) => m.l + ((v - x0) / ((x1 - x0) || 1)) * (width - m.l - m.r);
+    const sy = (v) => height - m.b - ((v - y0) / ((y1 - y0) || 1)) * (height - m.t - m.b);
+    svg.appendChild(svgEl("line", { x1: m.l, y1: height - m.b, x2: width - m.r, y2: height - m.b, stroke: "#999" }));
+    svg.appendChild(svgEl("line", { x1: m.l, y1: m.t, x2: m.l, y2: height - m.b, stroke: "#999" }));
+    for (let i = 0; i <= 4; i++) {
+      const xv = x0 + (i / 4) * (x1 - x0), yv = y0 + (i / 4) * (y1 - y0);
+      svg.appendChild(svgEl("text", { x: sx(xv), y: height - m.b + 14, "text-anchor": "middle" }, fmt(xv, opts.xDigits)));
+      svg.appendChild(svgEl("text", { x: m.l - 6, y: sy(yv) + 4, "text-anchor": "end" }, fmt(yv, opts.yDigits)));
+    }
+    svg.appendChild(svgEl("text", { x: (width + m.l) / 2, y: height - 4, "text-anchor": "middle" }, opts.xLabel));
+    svg.appendChild(svgEl("text", { x: 12, y: m.t + 8 }, opts.yLabel));
+    container.appendChild(svg);
+    return { svg, sx, sy };
+  }
+
+  function legend(container, colourOf) {
+    const box = el("div", { class: "legend" });
+    for (const [name, colour] of Object.entries(colourOf)) {
+      const item = el("span", {}, name);
+      item.style.setProperty("--swatch", colour);
+      box.appendChild(item);
+    }
+    container.appendChild(box);
+  }
+
+  function summary(data) {
+    document.getElementById("title").textContent = data.title || "sia-slurm report";
+    document.getElementById("subtitle").textContent = data.subtitle || "";
+    const dl = document.getElementById("summary");
+    for (const item of data.summary || []) {
+      const div = el("div");
+      div.appendChild(el("dt", {}, item.label));
+      div.appendChild(el("dd", {}, String(item.value)));
+      dl.appendChild(div);
+    }
+  }
+
+  function clusterView(data, colourOf) {
+    const rounds = data.rounds || [];
+    const types = data.gpu_types.map((t) => t.name);
+    const tbody = document.querySelector("#cluster-table tbody");
+    for (const t of data.gpu_types) {
+      const alloc = rounds.map((r) => (r.allocated || {})[t.name] || 0);
+      const free = rounds.map((r) => ((r.usable || {})[t.name] ?? t.total) - ((r.allocated || {})[t.name] || 0));
+      const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
+      const row = el("tr");
+      row.appendChild(el("td", {}, t.name));
+      row.appendChild(el("td", { class: "num" }, String(t.total)));
+      row.appendChild(el("td", { class: "num" }, fmt(mean(alloc), 1)));
+      row.appendChild(el("td", { class: "num" }, String(alloc.length ? Math.max(...alloc) : 0)));
+      row.appendChild(el("td", { class: "num" }, fmt(mean(free), 1)));
+      tbody.appendChild(row);
+    }
+    const box = document.getElementById("cluster-chart");
+    if (!rounds.length) { box.textContent = "no rounds recorded"; return; }
+    const hours = rounds.map((r) => r.time / 3600);
+    const total = data.gpu_types.reduce((a, t) => a + t.total, 0);
+    const f = frame(box, { xDomain: [hours[0], hours[hours.length - 1]], yDomain: [0, total],
+      xLabel: "time (h)", yLabel: "GPUs", yDigits: 0 });
+    let base = rounds.map(() => 0);
+    for (const t of types) {
+      const top = rounds.map((r, i) => base[i] + ((r.allocated || {})[t] || 0));
+      const pts = hours.map((h, i) => `${f.sx(h)},${f.sy(top[i])}`)
+        .concat(hours.slice().reverse().map((h, j) => `${f.sx(h)},${f.sy(base[rounds.length - 1 - j])}`));
+      f.svg.appendChild(svgEl("polygon", { points: pts.join(" "), fill: colourOf[t], "fill-opacity": 0.75,
+        class: "alloc-area", "data-type": t }));
+      base = top;
+    }
+    legend(box, colourOf);
+  }
+
+  function timeline(data, colourOf) {
+    const box = document.getElementById("timeline-chart");
+    const jobs = (data.jobs || []).filter((j) => (j.segments || []).length);
+    if (!jobs.length) { box.textContent = "no job has run yet"; return; }
+    const end = Math.max(...jobs.flatMap((j) => j.segments.map((s) => s.end)));
+    const start = Math.min(...jobs.map((j) => j.submit_time));
+    const rowH = 10, height = Math.max(120, jobs.length * rowH + 50);
+    const f = frame(box, { height, xDomain: [start / 3600, end / 3600], yDomain: [jobs.length, 0],
+      xLabel: "time (h)", yLabel: "jobs (by submission)", yDigits: 0 });
+    const maxGpus = Math.max(...jobs.flatMap((j) => j.segments.map((s) => s.gpus)));
+    jobs.forEach((job, i) => {
+      for (const seg of job.segments) {
+        const h = Math.max(2, (rowH - 2) * Math.sqrt(seg.gpus / maxGpus));
+        const rect = svgEl("rect", { x: f.sx(seg.start / 3600), y: f.sy(i + 0.5) - h / 2,
+          width: Math.max(1, f.sx(seg.end / 3600) - f.sx(seg.start / 3600)), height: h,
+          fill: colourOf[seg.gpu_type] || "#888", class: "segment" });
+        rect.appendChild(svgEl("title", {}, `${job.id}: ${seg.gpus} x ${seg.gpu_type}`));
+        f.svg.appendChild(rect);
+      }
+    });
+    legend(box, colourOf);
+  }
+
+  function jobTable(data) {
+    const tbody = document.querySelector("#jobs-table tbody");
+    const rows = (data.jobs || []).map((j) => [
+      j.id, j.app, j.state, j.gpu_type || "-", j.gpus || 0, j.batch_size || 0,
+      j.goodput_predicted, j.goodput_measured, j.restarts || 0,
+      j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / 3600,
+    ]);
+    const numeric = [false, false, false, false, true, true, true, true, true, true];
+    function draw(sorted) {
+      tbody.replaceChildren();
+      for (const r of sorted) {
+        const tr = el("tr", { class: "job-row" });
+        r.forEach((v, i) => tr.appendChild(el("td", numeric[i] ? { class: "num" } : {}, numeric[i] ? fmt(v, i >= 6 && i !== 8 ? 2 : 0) : String(v))));
+        tbody.appendChild(tr);
+      }
+    }
+    draw(rows);
+    document.querySelectorAll("#jobs-table th").forEach((th, i) => {
+      let asc = true;
+      th.addEventListener("click", () => {
+        rows.sort((a, b) => ((a[i] ?? -Infinity) > (b[i] ?? -Infinity) ? 1 : -1) * (asc ? 1 : -1));
+        asc = !asc;
+        draw(rows);
+      });
+    });
+  }
+
+  function jctCdf(data) {
+    const box = document.getElementById("jct-chart");
+    const jcts = (data.jobs || []).map((j) => j.jct_s).filter((v) => typeof v === "number").map((v) => v / 3600).sort((a, b) => a - b);
+    if (!jcts.length) { box.textContent = "no job has finished yet"; return; }
+    const f = frame(box, { xDomain: [0, jcts[jcts.length - 1]], yDomain: [0, 1], xLabel: "JCT (h)", yLabel: "fraction of jobs" });
+    const pts = jcts.map((v, i) => `${f.sx(v)},${f.sy((i + 1) / jcts.length)}`);
+    f.svg.appendChild(svgEl("polyline", { points: `${f.sx(0)},${f.sy(0)} ` + pts.join(" "), fill: "none", stroke: PALETTE[0], "stroke-width": 2, class: "cdf" }));
+  }
+
+  function solveTimes(data) {
+    const box = document.getElementById("solve-chart");
+    const rounds = (data.rounds || []).filter((r) => typeof r.solve_ms === "number");
+    if (!rounds.length) { box.textContent = "no solve times recorded"; return; }
+    const ms = rounds.map((r) => r.solve_ms);
+    const f = frame(box, { height: 200, xDomain: [rounds[0].index, rounds[rounds.length - 1].index], yDomain: [0, Math.max(...ms)],
+      xLabel: "round", yLabel: "solve (ms)", xDigits: 0, yDigits: 0 });
+    const pts = rounds.map((r) => `${f.sx(r.index)},${f.sy(r.solve_ms)}`);
+    f.svg.appendChild(svgEl("polyline", { points: pts.join(" "), fill: "none", stroke: PALETTE[1], "stroke-width": 1.5 }));
+  }
+
+  function main() {
+    const data = window.SIA_REPORT;
+    if (!data) throw new Error("data.js did not define window.SIA_REPORT");
+    const colourOf = colours(data.gpu_types.map((t) => t.name));
+    summary(data);
+    clusterView(data, colourOf);
+    timeline(data, colourOf);
+    jobTable(data);
+    jctCdf(data);
+    solveTimes(data);
+    document.body.setAttribute("data-rendered", "yes");
+  }
+
+  try {
+    main();
+  } catch (err) {
+    const box = document.getElementById("errors");
+    box.hidden = false;
+    box.textContent = "report error: " + err.message;
+    console.error(err);
+  }
+})();
