@@ -95,8 +95,10 @@ class JobSpec:
 
     ``init_batch_size`` is M0. ``max_gpus`` ``None`` means "as many as the batch limits allow".
     ``requested_gpus`` / ``requested_gpu_type`` are the size rigid, pinned, FIFO and Gavel jobs
-    run at. ``restart_cost`` is the seconds a restart costs this job (``None``: the policy's
-    default). ``profile`` names the app profile (``profiles/<app>/``) or a profile directory.
+    run at, and ``requested_batch_size`` the global batch they run with (0: M0; an adaptive job
+    starts from M0 whatever it requested, since M0 is what its gradient statistics refer to).
+    ``restart_cost`` is the seconds a restart costs this job (``None``: the policy's default).
+    ``profile`` names the app profile (``profiles/<app>/``) or a profile directory.
     """
 
     sia_id: str
@@ -108,6 +110,7 @@ class JobSpec:
     max_gpus: int | None = None
     requested_gpus: int = 1
     requested_gpu_type: str | None = None
+    requested_batch_size: int = 0  # 0: M0
     restart_cost: float | None = None
     submit_time: float = 0.0
     checkpoint_dir: str = ""
@@ -124,8 +127,10 @@ class JobSpec:
             raise ProtocolError("min_gpus, requested_gpus: expected integers >= 1")
         if self.max_gpus is not None and self.max_gpus < self.min_gpus:
             raise ProtocolError(f"max_gpus: {self.max_gpus} is below min_gpus {self.min_gpus}")
-        if self.init_batch_size < 0 or self.max_batch_size < 0:
-            raise ProtocolError("init_batch_size, max_batch_size: expected integers >= 0")
+        if self.init_batch_size < 0 or self.max_batch_size < 0 or self.requested_batch_size < 0:
+            raise ProtocolError(
+                "init_batch_size, max_batch_size, requested_batch_size: expected integers >= 0"
+            )
         if self.max_batch_size and self.init_batch_size > self.max_batch_size:
             raise ProtocolError(
                 f"init_batch_size: {self.init_batch_size} exceeds max_batch_size "

@@ -84,10 +84,17 @@ def test_dev_cluster_bad_spec_is_a_usage_error() -> None:
     assert "bad cluster spec part 'a100:2by4'" in result.output
 
 
-def test_sia_sbatch_refuses_until_implemented() -> None:
-    result = CliRunner().invoke(sbatch_cli, ["--app", "cifar10", "train.py"])
-    assert result.exit_code == 2
-    assert "not implemented" in result.output
+def test_sia_sbatch_needs_a_training_command(tmp_path, monkeypatch) -> None:
+    """Argument errors are exit 2 with one line naming the problem (more in tests/launcher)."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "etc" / "sia.yaml"
+    config = tmp_path / "sia.yaml"
+    config.write_text(example.read_text().replace("/var/lib/sia-slurm", str(tmp_path / "state")))
+    monkeypatch.setenv("SIA_SLURM_CONFIG", str(config))
+    result = CliRunner().invoke(sbatch_cli, ["--app", "cifar10"])
+    assert result.exit_code == 2, result.output
+    assert "training command" in result.output
     assert CliRunner().invoke(sbatch_cli, ["--help"]).exit_code == 0
 
 

@@ -11,8 +11,12 @@ import click
 from sia_slurm import __version__
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.config_cmd import config
+from sia_slurm.cli.controller_cmd import controller
 from sia_slurm.cli.devcluster_cmd import dev_cluster
+from sia_slurm.cli.explain_cmd import explain
 from sia_slurm.cli.profile_cmd import profile
+from sia_slurm.cli.simulate_cmd import simulate_command
+from sia_slurm.cli.status_cmd import status
 
 HELP = """\
 Heterogeneity-aware, goodput-optimized scheduling of deep-learning jobs on Slurm.
@@ -37,8 +41,12 @@ def cli() -> None:
 
 
 cli.add_command(config)
+cli.add_command(controller)
 cli.add_command(dev_cluster)
+cli.add_command(explain)
 cli.add_command(profile)
+cli.add_command(status)
+cli.add_command(simulate_command)
 
 
 def main() -> None:

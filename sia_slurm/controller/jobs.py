@@ -42,11 +42,13 @@ class EstimatorFactory:
     def __call__(self, spec: JobSpec) -> JobGoodputEstimator:
         profile = self._profile(spec)
         fixed = spec.kind in (JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED)
+        fixed_batch = (spec.init_batch_size or profile.init_batch_size) if fixed else None
         return JobGoodputEstimator.from_profile(
             profile,
             init_batch_size=spec.init_batch_size or None,
             max_batch_size=spec.max_batch_size or None,
-            fixed_batch_size=(spec.init_batch_size or profile.init_batch_size) if fixed else None,
+            # The batch of fixed-batch evaluations (Gavel, FIFO, rigid kinds): what was asked.
+            fixed_batch_size=spec.requested_batch_size or fixed_batch,
             type_aliases=self.type_aliases,
         )
 

@@ -42,7 +42,22 @@ def start_daemon(role: str, argv: Sequence[str], log_path: Path, marker: str) ->
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _await_cmdline(proc)
     return DaemonRecord(role=role, pid=proc.pid, marker=marker)
+
+
+def _await_cmdline(proc: subprocess.Popen[bytes], timeout_s: float = 2.0) -> None:
+    """Wait until the new process shows its command line (or exits).
+
+    Right after exec, ``/proc/<pid>/cmdline`` can still read empty for a moment; a liveness
+    check in that window would call a healthy daemon dead.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+                return
+        time.sleep(0.01)
 
 
 def is_alive(record: DaemonRecord) -> bool:
@@ -54,7 +69,10 @@ def is_alive(record: DaemonRecord) -> bool:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
     state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X") and record.marker in cmdline
+    if state in ("Z", "X"):
+        return False
+    # An empty command line is a process still in exec: ours, not yet readable.
+    return not cmdline.strip() or record.marker in cmdline
 
 
 def stop_daemons(records: Sequence[DaemonRecord], timeout_s: float = 15.0) -> list[str]:

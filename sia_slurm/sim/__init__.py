@@ -1,15 +1,26 @@
-"""Inputs of the trace-driven simulator: measured ground truth, workloads and cluster shapes.
+"""The trace-driven simulator: the production controller round against a simulated cluster.
+
+Inputs (they only describe reality):
 
 * :mod:`.groundtruth` — measured step/sync times per (app, GPU type), interpolated;
 * :mod:`.gradstats` — gradient statistics over training progress, and completion targets;
 * :mod:`.restart` — per-app restart delays (charged, and assumed by policies);
 * :mod:`.workload` — the Sia artifact's workload CSVs;
-* :mod:`.clusterfile` — simulated cluster shapes (``etc/clusters/*.yaml``).
+* :mod:`.clusterfile` — simulated cluster shapes (``etc/clusters/*.yaml``);
+* :mod:`.apptruth`, :mod:`.inputs` — all of the above loaded and cross-checked per simulation.
 
-None of these modules runs the simulation; they only describe reality to it.
+The simulation (docs/simulator.md):
+
+* :mod:`.progress` — true statistical efficiency integrated over time, for all jobs at once;
+* :mod:`.cluster` — :class:`SimulatedCluster`, the simulated ``ClusterBackend``;
+* :mod:`.run` — the driver (:func:`simulate`): snapshot -> controller round -> apply -> advance;
+* :mod:`.metrics` — JCT, makespan, GPU-hours, restarts, contention, as the artifact computes them;
+* :mod:`.parallel` — many workloads in worker processes; :mod:`.plots` — figures (matplotlib).
 """
 
 from sia_slurm.sim.apps import APPS, DATA_PARALLEL_APPS, default_traces_dir, default_workloads_dir
+from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
+from sia_slurm.sim.cluster import SimJobSpec, SimulatedCluster
 from sia_slurm.sim.clusterfile import (
     ClusterError,
     ClusterGpuType,
@@ -20,7 +31,17 @@ from sia_slurm.sim.clusterfile import (
 )
 from sia_slurm.sim.gradstats import MAX_EPOCHS, AppGradStats, GradStatsError
 from sia_slurm.sim.groundtruth import GroundTruth, GroundTruthError, default_calibration
+from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_inputs, load_sim_workloads
+from sia_slurm.sim.metrics import (
+    JobOutcome,
+    PooledMetrics,
+    WorkloadMetrics,
+    pooled_metrics,
+    workload_metrics,
+)
+from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
 from sia_slurm.sim.restart import RestartDelay, restart_delay
+from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
 from sia_slurm.sim.workload import (
     Workload,
     WorkloadError,
@@ -34,23 +55,43 @@ __all__ = [
     "DATA_PARALLEL_APPS",
     "MAX_EPOCHS",
     "AppGradStats",
+    "AppTruth",
     "ClusterError",
     "ClusterGpuType",
     "ClusterSpec",
     "GradStatsError",
     "GroundTruth",
     "GroundTruthError",
+    "JobOutcome",
     "MissingGroundTruth",
+    "PooledMetrics",
     "RestartDelay",
+    "SimInputError",
+    "SimJobSpec",
+    "SimulatedCluster",
+    "SimulationConfig",
+    "SimulationInputs",
+    "SimulationResult",
     "Workload",
     "WorkloadError",
     "WorkloadJob",
+    "WorkloadMetrics",
+    "WorkloadTask",
     "check_ground_truth",
     "default_calibration",
     "default_traces_dir",
     "default_workloads_dir",
+    "job_specs",
     "load_cluster",
+    "load_inputs",
+    "load_sim_workloads",
+    "load_truths",
     "load_workload",
     "load_workloads",
+    "pool_results",
+    "pooled_metrics",
     "restart_delay",
+    "run_tasks",
+    "simulate",
+    "workload_metrics",
 ]

@@ -1,0 +1,176 @@
+"""The Sia paper's Table 3, reproduced with the simulator: a printed table beside the paper's.
+
+Runs Sia, Pollux, Gavel and FIFO on the Philly (``data/workloads/philly/``, 8 workloads) and
+Helios (``data/workloads/saturn/``, 10 workloads) traces on the 64-GPU heterogeneous cluster
+(``etc/clusters/hetero64.yaml``) and prints avg JCT (+- std of the per-workload means), p99 JCT,
+makespan and GPU-hours per job, measured and from the paper (reference section 6), then the two
+checks the project sets: Sia's avg JCT within 15% of the paper's, and Sia < Pollux < Gavel.
+
+Every (trace, policy) pools its workloads as the artifact does (docs/simulator.md). Workloads run
+in parallel processes. On 2 cores the full run takes tens of minutes (Pollux's genetic search
+dominates); ``--workloads N`` runs the first N workloads of each trace and says so.
+
+Usage: python benchmarks/paper_table3.py [--workloads N] [--policies sia,pollux,gavel,fifo]
+           [--traces philly,helios] [--processes N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from sia_slurm.sim.apps import default_workloads_dir
+from sia_slurm.sim.inputs import load_inputs, load_sim_workloads
+from sia_slurm.sim.metrics import PooledMetrics
+from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
+from sia_slurm.sim.run import SimulationConfig, SimulationResult
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = REPO / "etc" / "clusters" / "hetero64.yaml"
+TRACES = {"philly": "philly", "helios": "saturn"}  # trace name -> folder under data/workloads
+POLICIES = ("sia", "pollux", "gavel", "fifo")
+
+# Reference section 6 (pre-publication Table 3, hours): avg JCT, p99 JCT, makespan, GPU-h/job.
+PAPER: dict[tuple[str, str], tuple[float, float, float, float]] = {
+    ("philly", "sia"): (0.6, 9.5, 14.2, 4.0),
+    ("philly", "pollux"): (1.0, 14.9, 24.5, 5.6),
+    ("philly", "gavel"): (1.9, 30.0, 33.8, 9.0),
+    ("helios", "sia"): (0.7, 10.9, 14.9, 4.8),
+    ("helios", "pollux"): (1.0, 15.0, 25.5, 5.9),
+    ("helios", "gavel"): (2.5, 38.7, 43.0, 12.1),
+}
+SIA_TOLERANCE = 0.15
+
+
+def main() -> int:
+    args = parse_args()
+    logging.getLogger("sia_slurm").setLevel(logging.ERROR)
+    inputs = load_inputs(CLUSTER)
+    measured: dict[tuple[str, str], PooledMetrics] = {}
+    counts: dict[str, tuple[int, int]] = {}
+    started = time.perf_counter()
+    for trace in args.traces:
+        workloads = load_sim_workloads(default_workloads_dir() / TRACES[trace], inputs)
+        counts[trace] = (min(args.workloads or len(workloads), len(workloads)), len(workloads))
+        workloads = workloads[: counts[trace][0]]
+        for policy in args.policies:
+            config = SimulationConfig(policy=policy, seed=args.seed)
+            tasks = [
+                WorkloadTask(
+                    f"{trace}-{w.name}",
+                    w,
+                    CLUSTER,
+                    config,
+                    log_path=args.out / f"rounds-{policy}-{trace}-{w.name}.jsonl"
+                    if args.out
+                    else None,
+                )
+                for w in workloads
+            ]
+            t0 = time.perf_counter()
+            results = run_tasks(tasks, args.processes)
+            ordered = [results[task.label] for task in tasks]
+            measured[(trace, policy)] = pool_results(ordered)
+            elapsed = time.perf_counter() - t0
+            print(
+                f"# {trace:6} {policy:6} {len(tasks)} workload(s) in {elapsed:.0f} s"
+                + _stopped_note(ordered),
+                file=sys.stderr,
+                flush=True,
+            )
+            if args.out:
+                _write_json(args.out / f"summary-{policy}-{trace}.json", ordered)
+    print_table(measured, counts, args)
+    print(f"\ntotal wall time {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", type=int, default=None, help="first N workloads per trace")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--processes", type=int, default=None, help="default: number of cores")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="also write round logs here")
+    args = parser.parse_args()
+    args.policies = [p for p in args.policies.split(",") if p]
+    args.traces = [t for t in args.traces.split(",") if t]
+    for trace in args.traces:
+        if trace not in TRACES:
+            parser.error(f"--traces: expected names among {', '.join(TRACES)}, got {trace!r}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def _stopped_note(results: list[SimulationResult]) -> str:
+    stopped = [r.workload for r in results if r.stopped]
+    return f" (STOPPED early: {', '.join(stopped)})" if stopped else ""
+
+
+def _write_json(path: Path, results: list[SimulationResult]) -> None:
+    payload = {r.workload: r.metrics().to_json() for r in results}
+    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+
+
+def print_table(
+    measured: dict[tuple[str, str], PooledMetrics],
+    counts: dict[str, tuple[int, int]],
+    args: argparse.Namespace,
+) -> None:
+    print(
+        "\nTable 3: 64-GPU heterogeneous cluster (hetero64: 6x4 T4, 3x8 RTX 2080Ti, 2x8 A100), "
+        "hours; measured (paper)"
+    )
+    for trace, (run, total) in counts.items():
+        subset = "all" if run == total else f"first {run} of {total}"
+        print(f"  {trace}: {subset} workloads, 160 jobs each")
+    header = (
+        f"{'trace':7} {'policy':7} {'avg JCT':>17} {'p99 JCT':>13} {'makespan':>13} "
+        f"{'GPU-h/job':>12} {'restarts/job':>12} {'solve ms p50/p95':>17}"
+    )
+    print(header)
+    print("-" * len(header))
+    for (trace, policy), m in measured.items():
+        paper = PAPER.get((trace, policy))
+        cells = [
+            f"{m.avg_jct_h:.2f}+-{m.avg_jct_std_h:.2f}",
+            f"{m.p99_jct_h:.1f}",
+            f"{m.makespan_h:.1f}",
+            f"{m.gpu_hours_per_job:.1f}",
+        ]
+        if paper:
+            cells = [f"{c} ({p:g})" for c, p in zip(cells, paper, strict=True)]
+        solve = f"{m.solve_ms_median:.0f}/{m.solve_ms_p95:.0f}"
+        print(
+            f"{trace:7} {policy:7} {cells[0]:>17} {cells[1]:>13} {cells[2]:>13} {cells[3]:>12} "
+            f"{m.restarts_per_job:12.2f} {solve:>17}"
+        )
+    print()
+    for trace in counts:
+        sia = measured.get((trace, "sia"))
+        if sia is not None:
+            paper = PAPER[(trace, "sia")][0]
+            error = (sia.avg_jct_h - paper) / paper
+            verdict = "OK" if abs(error) <= SIA_TOLERANCE else "OFF"
+            print(
+                f"{trace}: Sia avg JCT {sia.avg_jct_h:.2f} h vs paper {paper} h: "
+                f"{error:+.0%} ({verdict}, tolerance {SIA_TOLERANCE:.0%})"
+            )
+        order = [p for p in ("sia", "pollux", "gavel") if (trace, p) in measured]
+        if len(order) == 3:
+            jcts = [measured[(trace, p)].avg_jct_h for p in order]
+            verdict = "OK" if jcts[0] < jcts[1] < jcts[2] else "NOT MET"
+            print(
+                f"{trace}: ordering Sia < Pollux < Gavel by avg JCT: "
+                f"{' < '.join(f'{j:.2f}' for j in jcts)} ({verdict})"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

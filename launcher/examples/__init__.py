@@ -1,0 +1,1 @@
+"""Example training scripts made elastic with :mod:`launcher.elastic` (no downloads)."""

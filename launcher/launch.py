@@ -1,0 +1,458 @@
+"""``sia-launch``: the batch script of a managed job; checks the allocation, runs torchrun.
+
+``sia-sbatch`` writes a batch script that ``exec``s ``sia-launch --config C --sia-id J``, so
+this process *is* the batch step and receives the controller's SIGUSR1. It
+
+1. reads ``jobs/<J>/spec.json`` and ``jobs/<J>/assignment.json`` and refuses to run (exit 3)
+   when Slurm's allocation disagrees with the assignment (partition -> GPU type, node count,
+   GPUs per node, and the job id and node list when the assignment names them);
+2. unsets the variables sbatch set at submission that went stale when the controller
+   resized the pending job (``srun`` would read them as options);
+3. starts the training command under torchrun on every node (one ``srun`` task per node, a
+   c10d rendezvous on the first node), with the ``SIA_*`` variables of
+   :class:`launcher.jobenv.JobEnvironment`;
+4. forwards SIGTERM/SIGINT to ``srun``, logs SIGUSR1 (the workers poll the stop file), and
+   exits with 0 when training completed, 75 when it stopped on the controller's request
+   (checkpointed and acknowledged: requeue it), otherwise with srun's status.
+
+Exit statuses and the whole job side of the protocol: ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from launcher.jobenv import (
+    DEFAULT_LINGER_S,
+    DEFAULT_METRICS_INTERVAL_S,
+    DEFAULT_POLL_INTERVAL_S,
+    JobEnvironment,
+    env_name,
+)
+from sia_slurm.cli import CONTEXT_SETTINGS
+from sia_slurm.config import ConfigError, SiaConfig, load_config, resolve_config_path
+from sia_slurm.model.profile import (
+    GPU_TYPES_FILE,
+    ProfileError,
+    default_profiles_dir,
+    load_app_profile,
+    load_gpu_types,
+)
+from sia_slurm.protocol import (
+    Assignment,
+    JobSpec,
+    ProtocolError,
+    StatePaths,
+    StopRequest,
+    read_document,
+)
+from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
+
+logger = logging.getLogger("sia-launch")
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # bad configuration or protocol file
+EXIT_MISMATCH = 3  # Slurm's allocation is not the assignment
+EXIT_STOPPED = 75  # stopped on request, checkpointed and acknowledged (EX_TEMPFAIL)
+
+# Set by sbatch at submission from the job's original request; wrong after the controller
+# resized the pending job, and srun reads them as options (docs/slurm-actuation.md).
+STALE_SLURM_VARIABLES = (
+    "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_SOCKET",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_GRES",
+    "SLURM_NPROCS",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_TRES_PER_TASK",
+)
+_PYTHON = re.compile(r"^python[0-9.]*$")
+
+
+class LaunchError(RuntimeError):
+    """The job cannot be launched; ``status`` is the exit status to use."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SlurmAllocation:
+    """What Slurm gave this run, from the batch step's environment at launch time."""
+
+    job_id: str
+    partition: str
+    nodes: int
+    gpus_per_node: int
+    node_list: str
+    restart_count: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SlurmAllocation:
+        def need(name: str) -> str:
+            value = environ.get(name, "")
+            if not value:
+                raise LaunchError(f"{name}: not set; sia-launch runs as a Slurm batch script")
+            return value
+
+        def count(name: str, default: str | None = None) -> int:
+            raw = environ.get(name, default) if default is not None else need(name)
+            try:
+                value = int(raw or "")
+            except ValueError:
+                raise LaunchError(f"{name}: expected an integer, got {raw!r}") from None
+            if value < 0:
+                raise LaunchError(f"{name}: expected an integer >= 0, got {raw!r}")
+            return value
+
+        return cls(
+            job_id=need("SLURM_JOB_ID"),
+            partition=need("SLURM_JOB_PARTITION"),
+            nodes=count("SLURM_JOB_NUM_NODES"),
+            gpus_per_node=count("SLURM_GPUS_ON_NODE", "0"),
+            node_list=need("SLURM_JOB_NODELIST"),
+            restart_count=count("SLURM_RESTART_COUNT", "0"),
+        )
+
+
+def check_allocation(
+    assignment: Assignment,
+    allocation: SlurmAllocation,
+    config: SiaConfig,
+    hostnames: Sequence[str] | None = None,
+) -> None:
+    """Raise :class:`LaunchError` (exit 3) listing every way the allocation differs."""
+    where = "assignment.json"
+    problems = []
+    partition = next((p for p in config.partitions if p.name == allocation.partition), None)
+    if partition is None:
+        known = ", ".join(p.name for p in config.partitions)
+        problems.append(
+            f"SLURM_JOB_PARTITION={allocation.partition} is not a partition of the config ({known})"
+        )
+    else:
+        if partition.gpu_type != assignment.gpu_type:
+            problems.append(
+                f"{where}: gpu_type: {assignment.gpu_type}, but partition "
+                f"{allocation.partition} holds {partition.gpu_type}"
+            )
+        if assignment.partition != allocation.partition:
+            problems.append(
+                f"{where}: partition: {assignment.partition}, but SLURM_JOB_PARTITION="
+                f"{allocation.partition}"
+            )
+    if assignment.nodes != allocation.nodes:
+        problems.append(
+            f"{where}: nodes: {assignment.nodes}, but SLURM_JOB_NUM_NODES={allocation.nodes}"
+        )
+    if assignment.gpus_per_node != allocation.gpus_per_node:
+        problems.append(
+            f"{where}: gpus per node: {assignment.gpus_per_node} (gpus={assignment.gpus}), but "
+            f"SLURM_GPUS_ON_NODE={allocation.gpus_per_node}"
+        )
+    if assignment.slurm_job_id and assignment.slurm_job_id != allocation.job_id:
+        problems.append(
+            f"{where}: slurm_job_id: {assignment.slurm_job_id}, but SLURM_JOB_ID="
+            f"{allocation.job_id} (a stale assignment?)"
+        )
+    listed = assignment.node_list and hostnames is not None
+    if listed and sorted(assignment.node_list) != sorted(hostnames or ()):
+        problems.append(
+            f"{where}: node_list: {','.join(assignment.node_list)}, but "
+            f"SLURM_JOB_NODELIST={allocation.node_list}"
+        )
+    if problems:
+        raise LaunchError(
+            f"job {assignment.sia_id}: Slurm's allocation is not the controller's assignment "
+            f"(round {assignment.round_index}):\n  " + "\n  ".join(problems),
+            EXIT_MISMATCH,
+        )
+
+
+def split_command(command: Sequence[str], default_python: str) -> tuple[str, list[str]]:
+    """``(python, torchrun's script arguments)`` for the user's training command.
+
+    ``python[3] script.py ARGS`` or ``python -m module ARGS`` run under that interpreter;
+    ``script.py ARGS`` under ``default_python``; anything else is an executable run with
+    torchrun's ``--no-python``.
+    """
+    if not command:
+        raise LaunchError("spec.json: command: empty; nothing to train")
+    explicit = bool(_PYTHON.match(Path(command[0]).name))
+    interpreter = command[0] if explicit else default_python
+    args = list(command[1:] if explicit else command)
+    if not args:
+        raise LaunchError("spec.json: command: a python interpreter without a script")
+    if args[0] == "-m":
+        if len(args) < 2:
+            raise LaunchError("spec.json: command: '-m' without a module name")
+        return interpreter, ["--module", *args[1:]]
+    if args[0].startswith("-"):
+        raise LaunchError(
+            f"spec.json: command: python option {args[0]!r} is not supported; give a script "
+            "or '-m module'"
+        )
+    if explicit or args[0].endswith(".py"):
+        return interpreter, args
+    return interpreter, ["--no-python", *args]
+
+
+def torchrun_argv(
+    allocation: SlurmAllocation,
+    assignment: Assignment,
+    endpoint: str,
+    command: list[str],
+    python: str,
+) -> list[str]:
+    """The ``srun`` command line: one torchrun agent per node, ``gpus_per_node`` workers each."""
+    nodes, per_node = allocation.nodes, assignment.gpus_per_node
+    return [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        f"--gpus-per-node={per_node}",
+        "--kill-on-bad-exit=1",
+        python,
+        "-m",
+        "launcher.agent",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={allocation.job_id}",
+        "--max-restarts=0",
+        *command,
+    ]
+
+
+def job_environment(
+    spec: JobSpec,
+    assignment: Assignment,
+    allocation: SlurmAllocation,
+    config: SiaConfig,
+    environ: Mapping[str, str],
+) -> JobEnvironment:
+    """The ``SIA_*`` variables for the workers."""
+    profile_types = {gpu.name: gpu.profile for gpu in config.gpu_types}
+    init_batch, max_batch = spec.init_batch_size, spec.max_batch_size
+    if not init_batch or not max_batch:
+        init_batch, max_batch = _profile_batch_limits(spec)
+    paths = StatePaths(config.state_dir)
+    checkpoint_dir = spec.checkpoint_dir or str(paths.job_dir(spec.sia_id) / "checkpoints")
+    return JobEnvironment(
+        sia_id=spec.sia_id,
+        state_dir=config.state_dir,
+        checkpoint_dir=Path(checkpoint_dir),
+        app=spec.app,
+        gpu_type=assignment.gpu_type,
+        profile_gpu_type=profile_types.get(assignment.gpu_type, assignment.gpu_type),
+        nodes=assignment.nodes,
+        gpus=assignment.gpus,
+        batch_size=assignment.batch_size,
+        local_bsz=assignment.local_bsz,
+        accum_steps=assignment.accum_steps,
+        init_batch_size=init_batch,
+        max_batch_size=max_batch,
+        launch_round=assignment.round_index,
+        restarts=allocation.restart_count,
+        slurm_job_id=allocation.job_id,
+        profile=spec.profile or "",
+        metrics_interval_s=_seconds(environ, "metrics_interval_s", DEFAULT_METRICS_INTERVAL_S),
+        linger_s=_seconds(environ, "linger_s", DEFAULT_LINGER_S),
+        poll_interval_s=_seconds(environ, "poll_interval_s", DEFAULT_POLL_INTERVAL_S),
+    )
+
+
+def worker_environment(environ: Mapping[str, str], job: JobEnvironment) -> dict[str, str]:
+    """The batch step's environment without the stale variables, plus the job's."""
+    clean = {k: v for k, v in environ.items() if k not in STALE_SLURM_VARIABLES}
+    return {**clean, **job.to_env()}
+
+
+def stopped_on_request(paths: StatePaths, sia_id: str, launch_round: int) -> bool:
+    """Whether this run stopped for a stop request of a later round and acknowledged it."""
+    path = paths.stop_request(sia_id)
+    if not path.exists():
+        return False
+    try:
+        stop = read_document(StopRequest, path)
+    except ProtocolError:
+        return False
+    return stop.round_index > launch_round and paths.ack(sia_id, stop.round_index).exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# I/O: Slurm queries, the child process, signals
+
+
+def expand_hostnames(runner: CommandRunner, node_list: str) -> list[str]:
+    return runner.run(["scontrol", "show", "hostnames", node_list]).stdout.split()
+
+
+def node_address(runner: CommandRunner, node: str) -> str:
+    """The node's ``NodeAddr`` as Slurm knows it (node names need not resolve)."""
+    output = runner.run(["scontrol", "-o", "show", "node", node]).stdout
+    match = re.search(r"\bNodeAddr=(\S+)", output)
+    return match[1] if match else node
+
+
+def free_port() -> int:
+    """A TCP port free on this host (the batch step runs on the job's first node)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+class _Child:
+    """``srun`` as a child process, with SIGTERM/SIGINT forwarded and SIGUSR1 logged."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.terminated = 0
+        self._proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        signal.signal(signal.SIGTERM, self._forward)
+        signal.signal(signal.SIGINT, self._forward)
+        signal.signal(signal.SIGUSR1, self._hint)
+
+    def _forward(self, signum: int, _frame: FrameType | None) -> None:
+        self.terminated = signum
+        logger.info("signal %d: forwarding SIGTERM to srun", signum)
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+
+    def _hint(self, _signum: int, _frame: FrameType | None) -> None:
+        logger.info("SIGUSR1: the controller asked for a stop; rank 0 polls the stop file")
+
+    def wait(self) -> int:
+        while True:
+            try:
+                return self._proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
+    """Check, start and supervise one run of the job; the process exit status."""
+    paths = StatePaths(config.state_dir)
+    try:
+        spec = read_document(JobSpec, paths.spec(sia_id))
+        assignment = read_document(Assignment, paths.assignment(sia_id))
+    except ProtocolError as exc:
+        raise LaunchError(str(exc)) from None
+    allocation = SlurmAllocation.from_env(environ)
+    runner = SubprocessRunner(timeout_s=30)
+    try:
+        hostnames = expand_hostnames(runner, allocation.node_list)
+        address = node_address(runner, hostnames[0])
+    except (CommandError, IndexError) as exc:
+        raise LaunchError(f"cannot resolve the job's nodes: {exc}", EXIT_MISMATCH) from None
+    check_allocation(assignment, allocation, config, hostnames)
+    job = job_environment(spec, assignment, allocation, config, environ)
+    python, command = split_command(spec.command, sys.executable)
+    argv = torchrun_argv(allocation, assignment, f"{address}:{free_port()}", command, python)
+    logger.info(
+        "[round=%d job=%s] %s:%dx%d batch %d = %d x %d x %d, restart %d: %s",
+        assignment.round_index,
+        sia_id,
+        assignment.gpu_type,
+        assignment.nodes,
+        assignment.gpus,
+        assignment.batch_size,
+        assignment.gpus,
+        assignment.local_bsz,
+        assignment.accum_steps + 1,
+        allocation.restart_count,
+        " ".join(argv),
+    )
+    child = _Child(argv, worker_environment(environ, job))
+    status = child.wait()
+    if stopped_on_request(paths, sia_id, assignment.round_index):
+        logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
+        return EXIT_STOPPED
+    if child.terminated:
+        return 128 + child.terminated
+    logger.info("[job=%s] srun exited with status %d", sia_id, status)
+    return status
+
+
+def _seconds(environ: Mapping[str, str], field_name: str, default: float) -> float:
+    name = env_name(field_name)
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LaunchError(f"{name}: expected seconds, got {raw!r}") from None
+    if not value > 0:
+        raise LaunchError(f"{name}: expected seconds > 0, got {raw!r}")
+    return value
+
+
+def _profile_batch_limits(spec: JobSpec) -> tuple[int, int]:
+    """M0 and the largest batch from the job's profile when the spec leaves them at 0."""
+    root = default_profiles_dir()
+    directory = Path(spec.profile) if spec.profile else root / spec.app
+    try:
+        profile = load_app_profile(directory, load_gpu_types(root / GPU_TYPES_FILE))
+    except (ProfileError, OSError) as exc:
+        raise LaunchError(f"spec.json: profile: {exc}") from None
+    return (
+        spec.init_batch_size or profile.init_batch_size,
+        spec.max_batch_size or profile.max_batch_size,
+    )
+
+
+@click.command(context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Controller config (default: $SIA_SLURM_CONFIG, then /etc/sia-slurm/sia.yaml).",
+)
+@click.option("--sia-id", required=True, help="The sia job id (sia-sbatch writes it).")
+def cli(config_path: Path | None, sia_id: str) -> None:
+    """Run one start of a sia-slurm managed job (the batch script that sia-sbatch writes).
+
+    Checks Slurm's allocation against the controller's assignment, then runs the job's
+    training command under torchrun on every node. Exit status: 0 done, 2 bad config or
+    protocol file, 3 allocation differs from the assignment, 75 stopped on the controller's
+    request (checkpointed; to be requeued), else srun's status.
+    """
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s sia-launch %(levelname)s %(message)s"
+    )
+    try:
+        config = load_config(resolve_config_path(config_path))
+        status = launch(config, sia_id, dict(os.environ))
+    except ConfigError as exc:
+        click.echo(f"sia-launch: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except (LaunchError, ProtocolError) as exc:
+        click.echo(f"sia-launch: {exc}", err=True)
+        sys.exit(getattr(exc, "status", EXIT_USAGE))
+    sys.exit(status)
+
+
+def main() -> None:
+    cli(prog_name="sia-launch")
+
+
+if __name__ == "__main__":
+    main()

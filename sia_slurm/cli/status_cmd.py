@@ -1,0 +1,216 @@
+"""``sia-slurm status``: the cluster by GPU type and the managed jobs, as the controller sees them.
+
+It reads the state database and, unless ``--offline``, takes a fresh snapshot from the backend;
+if the snapshot fails it says so and shows the last round's view instead, since an operator
+asks for the status most when something is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sia_slurm.cli import CONTEXT_SETTINGS
+from sia_slurm.cli.controller_cmd import (
+    CONFIG_OPTION,
+    backend_factory,
+    fail,
+    load_config_or_exit,
+)
+from sia_slurm.cluster import ClusterSnapshot
+from sia_slurm.config import SiaConfig
+from sia_slurm.state import Journal, Store, StoreError
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """One managed job's row of the status table."""
+
+    sia_id: str
+    app: str
+    phase: str
+    config: str  # "-" without GPUs
+    gpus: int
+    batch: str
+    goodput: float | None  # predicted by the last round for the configuration it runs
+    restarts: int
+    slurm_job_id: str
+
+
+def live_snapshot(ctx: click.Context, config: SiaConfig) -> tuple[ClusterSnapshot | None, str]:
+    """A fresh snapshot, or ``None`` and why not."""
+    try:
+        return backend_factory(ctx)(config).snapshot(), ""
+    except Exception as exc:  # any backend failure: fall back to the database's view
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def gpu_table(store: Store, snapshot: ClusterSnapshot | None) -> dict[str, dict[str, int]]:
+    """Per GPU type: total, usable and allocated (held by managed jobs) GPUs."""
+    if snapshot is None:
+        last = store.last_round()
+        gpus = last.gpus if last else {}
+        return {
+            t: {"total": c["total"], "usable": c["usable"], "allocated": c["in_use"]}
+            for t, c in gpus.items()
+        }
+    table: dict[str, dict[str, int]] = {}
+    for node in snapshot.nodes:
+        entry = table.setdefault(node.gpu_type, {"total": 0, "usable": 0, "allocated": 0})
+        entry["total"] += node.total_gpus
+        entry["usable"] += node.usable_gpus
+    for job in snapshot.jobs:
+        if job.phase.holds_gpus and job.config is not None:
+            entry = table.setdefault(job.config.gpu_type, {"total": 0, "usable": 0, "allocated": 0})
+            entry["allocated"] += job.config.gpus
+    return table
+
+
+def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) -> list[JobLine]:
+    """The managed jobs: from the snapshot when there is one, else from the database."""
+    lines = []
+    for row in store.jobs():
+        if snapshot is None:
+            phase, config, batch = row.phase, row.config, row.batch
+            restarts, slurm_id = row.restarts, (row.slurm_job_ids or [""])[-1]
+            config_text = (
+                f"{config['gpu_type']}:{config['nodes']}x{config['gpus']}" if config else "-"
+            )
+            gpus = config["gpus"] if config else 0
+            batch_text = _batch_text(batch)
+        else:
+            job = next((j for j in snapshot.jobs if j.sia_id == row.sia_id), None)
+            if job is None:
+                continue
+            phase, restarts, slurm_id = job.phase.value, job.restarts, job.slurm_job_id
+            holds = job.phase.holds_gpus and job.config is not None
+            config_text = str(job.config) if holds else "-"
+            gpus = job.config.gpus if holds and job.config else 0
+            batch_text = _batch_text(asdict(job.batch) if holds and job.batch else None)
+        if phase in ("done", "failed", "gone") and not show_all:
+            continue
+        decided = store.last_decision(row.sia_id)
+        goodput = None
+        if decided is not None and decided[1].after == config_text and config_text != "-":
+            goodput = decided[1].goodput
+        lines.append(
+            JobLine(
+                row.sia_id,
+                str(row.spec.get("app", "?")),
+                phase,
+                config_text,
+                gpus,
+                batch_text,
+                goodput,
+                restarts,
+                slurm_id,
+            )
+        )
+    return lines
+
+
+def _batch_text(batch: dict[str, Any] | None) -> str:
+    if not batch:
+        return "-"
+    text = f"{batch['batch_size']} ({batch['local_bsz']}"
+    if batch["accum_steps"]:
+        text += f"x{batch['accum_steps'] + 1}"
+    return text + ")"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*headers).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
+
+
+@click.command(
+    "status",
+    context_settings=CONTEXT_SETTINGS,
+    help="""Show the cluster by GPU type and the managed jobs.
+
+\b
+GPU types: total GPUs, GPUs usable by managed jobs (not down, drained or
+held by unmanaged jobs) and GPUs allocated to managed jobs. Jobs: phase,
+configuration (TYPE:NODESxGPUS), batch size (local batch x micro-batches),
+the goodput the last round predicted for that configuration (samples/s),
+restarts and Slurm job id. Read from the state database and a fresh
+snapshot of the cluster (skipped with --offline, or when it fails).
+""",
+)
+@CONFIG_OPTION
+@click.option("--offline", is_flag=True, help="Use only the state database, not the cluster.")
+@click.option("--all", "show_all", is_flag=True, help="Include finished jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.pass_context
+def status(
+    ctx: click.Context, config_path: Path | None, offline: bool, show_all: bool, as_json: bool
+) -> None:
+    config = load_config_or_exit(config_path)
+    try:
+        store = Store.open(config.db_path, create=False)
+    except StoreError as exc:
+        fail(str(exc))
+    with store:
+        snapshot, why = (None, "--offline") if offline else live_snapshot(ctx, config)
+        if snapshot is None and not offline:
+            click.echo(
+                f"warning: no live snapshot ({why}); showing the last round's view", err=True
+            )
+        last = store.last_round()
+        pending = len(Journal(store).pending())
+        gpus = gpu_table(store, snapshot)
+        jobs = job_lines(store, snapshot, show_all)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "state": str(config.db_path),
+                    "live": snapshot is not None,
+                    "last_round": None if last is None else last.round_index,
+                    "pending_actions": pending,
+                    "gpu_types": gpus,
+                    "jobs": [asdict(line) for line in jobs],
+                },
+                indent=1,
+            )
+        )
+        return
+    when = "never"
+    if last is not None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.wall_time))
+        when = f"round {last.round_index} at {stamp}" + (" (dry run)" if last.dry_run else "")
+    click.echo(f"state: {config.db_path}; last round: {when}; policy: {config.policy.name}")
+    if pending:
+        click.echo(f"pending actions: {pending} (re-applied at the next round)")
+    click.echo("")
+    rows = [[t, str(c["total"]), str(c["usable"]), str(c["allocated"])] for t, c in gpus.items()]
+    for line in _table(["GPU TYPE", "TOTAL", "USABLE", "ALLOCATED"], rows):
+        click.echo(line)
+    click.echo("")
+    job_rows = [
+        [
+            j.sia_id,
+            j.app,
+            j.phase,
+            j.config,
+            str(j.gpus),
+            j.batch,
+            "-" if j.goodput is None else f"{j.goodput:.1f}",
+            str(j.restarts),
+            j.slurm_job_id or "-",
+        ]
+        for j in jobs
+    ]
+    headers = ["JOB", "APP", "PHASE", "CONFIG", "GPUS", "BATCH", "GOODPUT", "RESTARTS", "SLURM"]
+    for line in _table(headers, job_rows):
+        click.echo(line)
+    if not jobs:
+        click.echo("(no managed jobs)")

@@ -1,0 +1,134 @@
+"""Structured logs: one JSON object per line, one line per decision and per action.
+
+Why JSON lines: the controller's log is read by machines (journald -> Loki/Elastic, ``jq``)
+as often as by people; each line carries the round, the job and every field of the decision or
+action, plus a human ``message`` with the ``[round=N job=ID]`` prefix the rest of sia-slurm uses.
+Everything goes through :mod:`logging`; :func:`configure_logging` installs the formatter on the
+``sia_slurm`` logger, writing to stderr (journald) or to a file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start
+from sia_slurm.controller import Decision
+from sia_slurm.state.codec import action_kind
+
+EVENTS = logging.getLogger("sia_slurm.service.events")
+_EVENT_KEY = "sia_event"
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object: time, level, logger, message, and event fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        event = getattr(record, _EVENT_KEY, None)
+        if isinstance(event, dict):
+            payload.update(event)
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=_plain, sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return str(value)
+
+
+def configure_logging(log_file: Path | None = None, level: int = logging.INFO) -> logging.Handler:
+    """Send every ``sia_slurm`` log record, as JSON lines, to ``log_file`` or stderr."""
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("sia_slurm")
+    for old in [h for h in root.handlers if isinstance(h.formatter, JsonFormatter)]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+    return handler
+
+
+def log_event(level: int, message: str, **fields: Any) -> None:
+    """Log ``message`` with ``fields`` as the JSON event (``event`` names its kind)."""
+    EVENTS.log(level, message, extra={_EVENT_KEY: fields})
+
+
+def log_decision(round_index: int, decision: Decision, dry_run: bool) -> None:
+    log_event(
+        logging.INFO,
+        f"[round={round_index} job={decision.sia_id}] {decision.action} "
+        f"{decision.before} -> {decision.after}"
+        + (f" batch={decision.batch_size}" if decision.batch_size else "")
+        + (f" ({decision.note})" if decision.note else ""),
+        event="decision",
+        round=round_index,
+        job=decision.sia_id,
+        dry_run=dry_run,
+        phase=decision.phase,
+        action=decision.action,
+        before=decision.before,
+        after=decision.after,
+        batch_size=decision.batch_size,
+        local_bsz=decision.local_bsz,
+        accum_steps=decision.accum_steps,
+        goodput=round(decision.goodput, 6),
+        note=decision.note,
+    )
+
+
+def action_fields(action: Action) -> dict[str, Any]:
+    """The loggable fields of an action (its target, for the ones that have one)."""
+    fields: dict[str, Any] = {"kind": action_kind(action)}
+    if isinstance(action, Start | Move):
+        fields["config"] = str(action.config)
+        fields["nodes"] = ",".join(f"{s.node}:{s.gpus}" for s in action.placement)
+    if isinstance(action, Start | Move | Rebatch):
+        fields["batch_size"] = action.batch.batch_size
+        fields["local_bsz"] = action.batch.local_bsz
+        fields["accum_steps"] = action.batch.accum_steps
+    return fields
+
+
+def log_action(action: Action, result: str, message: str = "", *, journal_id: int = 0) -> None:
+    """One line per action: ``result`` is done, failed, pending (crash recovery) or dry-run."""
+    level = logging.WARNING if result == "failed" else logging.INFO
+    fields = action_fields(action)
+    text = f"[round={action.round_index} job={action.sia_id}] {fields['kind']}"
+    if "config" in fields:
+        text += f" {fields['config']} on {fields['nodes']}"
+    text += f": {result}" + (f" ({message})" if message else "")
+    log_event(
+        level,
+        text,
+        event="action",
+        round=action.round_index,
+        job=action.sia_id,
+        result=result,
+        result_message=message,
+        journal_id=journal_id,
+        **fields,
+    )
+
+
+def log_result(result: ActionResult, journal_id: int = 0) -> None:
+    log_action(
+        result.action, "done" if result.ok else "failed", result.message, journal_id=journal_id
+    )

@@ -1,0 +1,120 @@
+"""Driving rounds: the systemd loop and the cron ``--once``, both under the controller lock.
+
+* ``run`` (systemd ``Type=simple``): a round at start, then one at every multiple of
+  ``round_seconds`` of the wall clock (aligned, so rounds do not drift and restarts keep the
+  rhythm). SIGTERM or SIGINT lets the current round finish, then the loop exits 0. A failed
+  round is logged and the next one runs on time (the style rule: one failed call is logged and
+  retried next round, never fatal).
+* ``--once`` (cron or a systemd timer): one round in a fresh process, its memory loaded from
+  and saved to the state database.
+
+Both take the lock first (:mod:`.lock`), then open the database, then build the backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from sia_slurm.config import SiaConfig
+from sia_slurm.service.build import BackendFactory, build_backend, open_controller
+from sia_slurm.service.lock import ControllerLock
+from sia_slurm.service.round import Clock, RoundReport, run_round
+from sia_slurm.state import Store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """How to run: one round or a loop, dry run or not, and the parts tests may swap."""
+
+    once: bool = False
+    dry_run: bool = False
+    backend_factory: BackendFactory = build_backend
+    profiles_dir: Path | None = None
+    max_rounds: int | None = None  # the loop stops after this many rounds (tests, benchmarks)
+
+
+def next_round_time(now: float, period: float) -> float:
+    """The next multiple of ``period`` strictly after ``now``."""
+    return (math.floor(now / period) + 1) * period
+
+
+def install_stop_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT set ``stop`` (the round in progress finishes); returns an undo."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        logger.info(
+            "received %s: finishing the current round, then exiting", signal.Signals(signum).name
+        )
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def run_service(
+    config: SiaConfig, options: ServiceOptions, stop: threading.Event | None = None
+) -> list[RoundReport]:
+    """Take the lock, open the state, build the parts, and run one round or the loop.
+
+    Raises :class:`~sia_slurm.service.lock.LockHeldError` at once if another controller runs,
+    :class:`~sia_slurm.state.StoreError` / :class:`~sia_slurm.service.build.ServiceError` if
+    the state or the backend cannot be set up.
+    """
+    dry_run = options.dry_run or config.dry_run
+    with ControllerLock(config.state_dir), Store.open(config.db_path) as store:
+        controller, _notes = open_controller(config, store, options.profiles_dir)
+        backend = options.backend_factory(config)
+        if options.once:
+            return [run_round(config, backend, store, controller, dry_run)]
+        logger.info(
+            "controller loop: a round every %g s, policy %s%s",
+            config.round_seconds,
+            config.policy.name,
+            " (dry run)" if dry_run else "",
+        )
+        return run_loop(
+            lambda: run_round(config, backend, store, controller, dry_run),
+            config.round_seconds,
+            stop or threading.Event(),
+            max_rounds=options.max_rounds,
+        )
+
+
+def run_loop(
+    one_round: Callable[[], RoundReport],
+    period: float,
+    stop: threading.Event,
+    *,
+    clock: Clock = time.time,
+    max_rounds: int | None = None,
+) -> list[RoundReport]:
+    """Call ``one_round`` now and at every multiple of ``period`` until ``stop`` is set."""
+    reports: list[RoundReport] = []
+    attempts = 0
+    while not stop.is_set():
+        attempts += 1
+        try:
+            reports.append(one_round())
+        except Exception as exc:
+            logger.exception("round failed: %s; the next round runs on schedule", exc)
+        if max_rounds is not None and attempts >= max_rounds:
+            break
+        if stop.wait(max(next_round_time(clock(), period) - clock(), 0.0)):
+            break
+    logger.info("controller loop stopped after %d round(s)", attempts)
+    return reports

@@ -1,0 +1,268 @@
+"""The simulation driver: the production controller round against the simulated cluster.
+
+One simulated round is exactly one production round::
+
+    snapshot = cluster.snapshot()            # jobs, reports since the last round
+    outcome = controller.round(snapshot)     # observe -> estimate -> allocate -> place -> diff
+    cluster.apply(outcome.actions)           # stops, moves, rebatches, starts
+    cluster.advance(round_length)            # jobs train (and may finish) until the next round
+
+until every job has completed. Rounds in which no job is submitted and unfinished are skipped
+(the clock jumps to the first round boundary at or after the next submission), since the
+controller would have nothing to decide. Two safety limits end a simulation early, leaving the
+remaining jobs unfinished in the result: ``max_time`` simulated seconds, and ``stall_rounds``
+consecutive rounds in which no job holds GPUs, none is left to arrive and the controller asks
+for nothing (e.g. FIFO with a job larger than every GPU type).
+
+Each round can be written as one JSON line (:func:`round_line`): time, actions, a summary of the
+decisions, GPUs held per type, contention and the stage timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, TextIO
+
+from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
+from sia_slurm.controller import Controller, EstimatorFactory, RoundOutcome
+from sia_slurm.policy.registry import config_type, make_policy
+from sia_slurm.sim.apptruth import AppTruth
+from sia_slurm.sim.cluster import SimulatedCluster
+from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
+from sia_slurm.sim.metrics import JobOutcome, WorkloadMetrics, workload_metrics
+from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
+from sia_slurm.sim.workload import Workload
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """How to simulate: the policy, the round length, and the safety limits."""
+
+    policy: str = "sia"
+    round_length: float = 60.0
+    seed: int = 0  # for policies with randomness (Pollux's genetic search)
+    max_time: float = 30 * DAY  # simulated seconds
+    stall_rounds: int = 1440
+    max_substep: float = DEFAULT_MAX_SUBSTEP
+
+    def __post_init__(self) -> None:
+        config_type(self.policy)  # raises, listing the valid policies
+        if not (math.isfinite(self.round_length) and self.round_length > 0):
+            raise ValueError(f"round_length: expected seconds > 0, got {self.round_length!r}")
+        if not self.max_time > 0 or self.stall_rounds < 1 or not self.max_substep > 0:
+            raise ValueError("max_time, stall_rounds and max_substep must be positive")
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What one round did, compactly (for metrics and plots)."""
+
+    index: int
+    time: float
+    contention: int  # active (submitted, unfinished) jobs
+    gpus: Mapping[str, int]  # GPUs held per type after the round's actions
+    policy_ms: float
+    actions: int
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """One workload simulated under one policy."""
+
+    workload: str
+    policy: str
+    cluster: str
+    round_length: float
+    jobs: tuple[JobOutcome, ...]
+    rounds: tuple[RoundRecord, ...]
+    wall_s: float
+    timings: Mapping[str, float]  # seconds per stage, summed over rounds
+    stopped: str = ""  # why it ended before every job completed ("" if all did)
+
+    @property
+    def solve_ms(self) -> list[float]:
+        """Policy-stage milliseconds of every round with at least one active job."""
+        return [r.policy_ms for r in self.rounds if r.contention > 0]
+
+    def metrics(self) -> WorkloadMetrics:
+        return workload_metrics(
+            self.jobs,
+            contention=[r.contention for r in self.rounds],
+            solve_ms=self.solve_ms,
+            wall_s=self.wall_s,
+        )
+
+
+@dataclass
+class _Loop:
+    """Mutable state of one simulation loop."""
+
+    rounds: list[RoundRecord] = field(default_factory=list)
+    timings: Counter[str] = field(default_factory=Counter)
+    quiet_rounds: int = 0
+
+
+def policy_params(name: str, seed: int) -> object | None:
+    """The policy's default parameters, with ``seed`` where the policy takes one."""
+    params_type = config_type(name)
+    if any(f.name == "seed" for f in fields(params_type)):
+        return params_type(seed=seed)
+    return None
+
+
+def build_controller(inputs: SimulationInputs, config: SimulationConfig) -> Controller:
+    """The production controller with the named policy and the site's profiles."""
+    policy = make_policy(config.policy, policy_params(config.policy, config.seed))
+    return Controller(policy, EstimatorFactory(inputs.profiles, inputs.type_aliases))
+
+
+def simulate(
+    workload: Workload,
+    inputs: SimulationInputs,
+    config: SimulationConfig,
+    *,
+    truths: Mapping[str, AppTruth] | None = None,
+    log: TextIO | None = None,
+    on_round: Callable[[SimulatedCluster], None] | None = None,
+) -> SimulationResult:
+    """Simulate ``workload`` on ``inputs.cluster`` under ``config.policy`` until all jobs finish.
+
+    ``truths`` (default: loaded for the workload's apps) lets callers share loaded traces;
+    ``log`` receives one JSON line per round; ``on_round`` is called after each round.
+    """
+    started = time.perf_counter()
+    truths = truths if truths is not None else load_workload_truths([workload], inputs)
+    cluster = SimulatedCluster(
+        inputs.cluster, job_specs(workload, truths), max_substep=config.max_substep
+    )
+    controller = build_controller(inputs, config)
+    loop = _Loop()
+    stopped = ""
+    while not cluster.all_done:
+        if cluster.idle():
+            _skip_idle(cluster, config.round_length)
+        if cluster.time > config.max_time:
+            stopped = f"simulated time limit reached ({config.max_time:g} s)"
+            break
+        _one_round(cluster, controller, config, loop, log)
+        if on_round is not None:
+            on_round(cluster)
+        if loop.quiet_rounds >= config.stall_rounds:
+            stopped = (
+                f"stalled: for {config.stall_rounds} rounds no job held GPUs and the policy "
+                "started none (do some jobs ask for more GPUs than any GPU type has?)"
+            )
+            break
+    return SimulationResult(
+        workload=workload.name,
+        policy=config.policy,
+        cluster=inputs.cluster.name,
+        round_length=config.round_length,
+        jobs=tuple(cluster.outcomes()),
+        rounds=tuple(loop.rounds),
+        wall_s=time.perf_counter() - started,
+        timings=dict(loop.timings),
+        stopped=stopped,
+    )
+
+
+def _skip_idle(cluster: SimulatedCluster, round_length: float) -> None:
+    """Jump the clock to the first round boundary at or after the next submission."""
+    upcoming = cluster.next_submit_time
+    if upcoming is None or upcoming <= cluster.time:
+        return
+    rounds = math.ceil((upcoming - cluster.time) / round_length - 1e-9)
+    cluster.advance(rounds * round_length)
+
+
+def _one_round(
+    cluster: SimulatedCluster,
+    controller: Controller,
+    config: SimulationConfig,
+    loop: _Loop,
+    log: TextIO | None,
+) -> None:
+    t0 = time.perf_counter()
+    snapshot = cluster.snapshot()
+    t1 = time.perf_counter()
+    outcome = controller.round(snapshot)
+    t2 = time.perf_counter()
+    results = cluster.apply(outcome.actions)
+    t3 = time.perf_counter()
+    held = cluster.gpus_held()
+    contention = sum(1 for job in snapshot.jobs if not job.phase.finished)
+    finished = cluster.advance(config.round_length)
+    t4 = time.perf_counter()
+    record = RoundRecord(
+        index=outcome.round_index,
+        time=snapshot.time,
+        contention=contention,
+        gpus=held,
+        policy_ms=outcome.timings["policy_s"] * 1000,
+        actions=len(outcome.actions),
+    )
+    loop.rounds.append(record)
+    idle = not any(held.values()) and cluster.next_submit_time is None
+    loop.quiet_rounds = loop.quiet_rounds + 1 if idle and not outcome.actions else 0
+    if log is not None:
+        log.write(json.dumps(round_line(record, outcome, results, finished)) + "\n")
+    t5 = time.perf_counter()
+    timings = loop.timings
+    timings["snapshot_s"] += t1 - t0
+    timings["controller_s"] += t2 - t1
+    for stage, seconds in outcome.timings.items():
+        timings[f"controller.{stage}"] += seconds
+    timings["apply_s"] += t3 - t2
+    timings["advance_s"] += t4 - t3
+    timings["log_s"] += t5 - t4
+
+
+def round_line(
+    record: RoundRecord,
+    outcome: RoundOutcome,
+    results: Sequence[ActionResult],
+    finished: Sequence[str],
+) -> dict[str, Any]:
+    """The JSON object of one round's log line."""
+    decisions = Counter(decision.action for decision in outcome.decisions)
+    return {
+        "round": record.index,
+        "time": record.time,
+        "contention": record.contention,
+        "gpus": dict(record.gpus),
+        "actions": [_action_json(result.action) for result in results],
+        "failed": [
+            f"{type(r.action).__name__.lower()} {r.action.sia_id}: {r.message}"
+            for r in results
+            if not r.ok
+        ],
+        "decisions": dict(sorted(decisions.items())),
+        "finished": list(finished),
+        "policy_status": outcome.allocation.info.status,
+        "timings_ms": {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in outcome.timings.items()},
+        "rejected": list(outcome.rejected),
+    }
+
+
+def _action_json(action: Action) -> dict[str, Any]:
+    if isinstance(action, Stop):
+        return {"action": "stop", "job": action.sia_id}
+    payload: dict[str, Any] = {
+        "action": type(action).__name__.lower(),
+        "job": action.sia_id,
+        "batch": action.batch.batch_size,
+        "local_bsz": action.batch.local_bsz,
+        "accum_steps": action.batch.accum_steps,
+    }
+    if isinstance(action, Start | Move):
+        payload["config"] = str(action.config)
+        payload["nodes"] = {share.node: share.gpus for share in action.placement}
+    assert isinstance(action, Start | Move | Rebatch)
+    return payload

@@ -1,0 +1,554 @@
+"""Carry out the controller's actions on Slurm: Stop, Move, Start, Rebatch.
+
+Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
+
+* **Stop** a running job: write ``stop.json``, ``scancel --batch --signal=USR1``, wait for
+  ``ack-<round>`` (up to ``restart.checkpoint_timeout_s``; then go on and say so),
+  ``scontrol requeuehold``, wait until Slurm has taken the GPUs back (COMPLETING -> PENDING),
+  remove ``stop.json``. The signal goes to every stopping job first, then all are awaited
+  together, so the waits overlap.
+* **Start** a pending job: ``scontrol hold`` (if released), ``scontrol update Partition=P
+  TresPerNode=gres:gpu:K NumNodes=N-N NumTasks=N ReqNodeList=...``, read the job back (an
+  update that exits 0 may not have taken), write ``assignment.json``, ``scontrol release``,
+  and for a requeued job ``StartTime=now`` (a requeue delays it by cred_expire + 1 s).
+  A node-count shrink of a job that has run does not take on 22.05: the job is resubmitted
+  under a new Slurm job id with the same comment (sia id) and batch script
+  (``scontrol write batch_script``), recorded in ``jobs/<sia_id>/slurm.json``, and the old job
+  is cancelled.
+* **Move** = the stop half, then the start half.
+* **Rebatch**: rewrite ``assignment.json`` with the new round and batch; nothing in Slurm.
+
+Every action is idempotent, because the service replays unfinished ones after a crash: each
+step looks at where the job already is (an assignment written for this round, a job already
+held or requeued, an acknowledgement already there) and does only what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
+from sia_slurm.config import SiaConfig
+from sia_slurm.protocol import (
+    Assignment,
+    ProtocolError,
+    StatePaths,
+    StopRequest,
+    read_document,
+    write_document,
+)
+from sia_slurm.slurm import commands
+from sia_slurm.slurm.clock import Clock
+from sia_slurm.slurm.commands import Shape
+from sia_slurm.slurm.jobfiles import DocumentCache, SlurmRecord
+from sia_slurm.slurm.jsonparse import SlurmJob
+from sia_slurm.slurm.managed import ManagedJob
+from sia_slurm.slurm.runner import CommandError, CommandRunner
+
+if TYPE_CHECKING:
+    from sia_slurm.slurm.backend import JobsView
+
+logger = logging.getLogger(__name__)
+
+ACK_POLL_S = 0.25  # how often the ack files are looked for
+SLURM_POLL_S = 5.0  # how often squeue is asked, while waiting for acks, whether jobs ended
+COMPLETING_TIMEOUT_S = 90.0  # KillWait (30 s default) plus epilog, with margin
+COMPLETING_POLL_S = 0.5
+PlacedAction = Start | Move
+
+
+class ActuationError(RuntimeError):
+    """One action could not be carried out; the message says what and why."""
+
+
+@dataclass
+class _Round:
+    """Book-keeping of one ``apply`` call: results so far and notes per action."""
+
+    results: dict[int, ActionResult] = field(default_factory=dict)
+    details: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    def ok(self, action: Action, message: str) -> None:
+        details = self.details.get(id(action), {})
+        self.results[id(action)] = ActionResult(action, True, message, details)
+        logger.info("[round=%d job=%s] %s", action.round_index, action.sia_id, message)
+
+    def fail(self, action: Action, message: str) -> None:
+        details = self.details.get(id(action), {})
+        self.results[id(action)] = ActionResult(action, False, message, details)
+        logger.warning("[round=%d job=%s] failed: %s", action.round_index, action.sia_id, message)
+
+    def note(self, action: Action, key: str, value: str) -> None:
+        self.details.setdefault(id(action), {})[key] = value
+
+    def done(self, action: Action) -> bool:
+        return id(action) in self.results
+
+
+@dataclass
+class _Placement:
+    """A Start (or the start half of a Move) on its way through the steps."""
+
+    action: PlacedAction
+    shape: Shape
+    assignment: Assignment  # validated up front; round, restarts and Slurm id filled in later
+    job: ManagedJob
+    slurm_job_id: str = ""
+    restarts: int = 0
+    resubmitted: bool = False
+
+
+class Actuator:
+    """Applies actions through ``runner``; ``observe`` is one ``squeue`` (the backend's)."""
+
+    def __init__(
+        self,
+        config: SiaConfig,
+        runner: CommandRunner,
+        clock: Clock,
+        paths: StatePaths,
+        documents: DocumentCache,
+        observe: Callable[[], JobsView],
+        resubmit_shrinks: bool = False,
+    ) -> None:
+        self.config = config
+        self.resubmit_shrinks = resubmit_shrinks
+        self.runner = runner
+        self.clock = clock
+        self.paths = paths
+        self.documents = documents
+        self.observe = observe
+
+    def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
+        if not actions:
+            return []
+        book = _Round()
+        view = self.observe()
+        self._cancel_strays(view)
+        stoppers = [a for a in actions if isinstance(a, Stop | Move)]
+        if stoppers and self._stop(stoppers, view, book):
+            view = self.observe()  # the start halves of moves need the requeued jobs
+        placing = [a for a in actions if isinstance(a, Start | Move) and not book.done(a)]
+        if placing:
+            self._place(placing, view, book)
+        for action in actions:
+            if isinstance(action, Rebatch):
+                self._rebatch(action, view, book)
+        return [book.results[id(a)] for a in actions]
+
+    # ------------------------------------------------------------------------------------------
+    # Stop (and the first half of Move)
+
+    def _stop(self, actions: list[Stop | Move], view: JobsView, book: _Round) -> bool:
+        """Stop the running jobs among ``actions``; True when Slurm was changed."""
+        running: dict[str, tuple[Stop | Move, SlurmJob]] = {}
+        to_requeue: list[tuple[Stop | Move, SlurmJob]] = []
+        to_hold: list[tuple[Stop | Move, SlurmJob]] = []
+        for action in actions:
+            managed = self._managed(action, view, book)
+            if managed is None:
+                continue
+            job = managed.current
+            book.note(action, "slurm_job_id", job.job_id)
+            if isinstance(action, Move) and self._already_placed(action, managed):
+                book.ok(action, f"already moved (Slurm job {job.job_id})")
+            elif job.state == "PENDING":
+                if not job.held:
+                    to_hold.append((action, job))
+                book.note(action, "checkpoint", "job was not running")
+            elif job.finished:
+                if self.paths.stop_request(action.sia_id).exists():
+                    to_requeue.append((action, job))
+                    book.note(action, "checkpoint", f"job had ended ({job.state})")
+                else:
+                    book.fail(action, f"Slurm job {job.job_id} has ended ({job.state})")
+            else:
+                self._request_stop(action)
+                running[action.sia_id] = (action, job)
+        if running:
+            ids = [job.job_id for _, job in running.values()]
+            self._run_quiet(commands.signal_checkpoint(ids))
+            for sia_id, outcome in self._wait_for_acks(running).items():
+                book.note(running[sia_id][0], "checkpoint", outcome)
+            to_requeue += running.values()
+        failures = self._batched(commands.requeue_hold, [job.job_id for _, job in to_requeue])
+        failures.update(self._batched(commands.hold, [job.job_id for _, job in to_hold]))
+        for action, job in [*to_requeue, *to_hold]:
+            if job.job_id in failures:
+                book.fail(action, f"could not hold Slurm job {job.job_id}: {failures[job.job_id]}")
+        requeued = [job.job_id for a, job in to_requeue if not book.done(a)]
+        left = self._wait_until_pending(requeued)
+        for action in actions:
+            if book.done(action):
+                continue
+            job_id = book.details.get(id(action), {}).get("slurm_job_id", "")
+            if job_id in left:
+                book.fail(action, f"Slurm job {job_id} still {left[job_id]} after requeue")
+            elif isinstance(action, Stop):
+                self._clean_stop_files(action)
+                book.ok(action, f"stopped (Slurm job {job_id} requeued and held)")
+        return bool(to_requeue or to_hold)
+
+    def _request_stop(self, action: Stop | Move) -> None:
+        """Write ``stop.json`` for this round unless it is already there (a replay)."""
+        path = self.paths.stop_request(action.sia_id)
+        try:
+            existing = read_document(StopRequest, path) if path.exists() else None
+        except ProtocolError:
+            existing = None
+        if existing is None or existing.round_index != action.round_index:
+            write_document(path, StopRequest(action.sia_id, action.round_index, self.clock.now()))
+
+    def _wait_for_acks(self, running: dict[str, tuple[Stop | Move, SlurmJob]]) -> dict[str, str]:
+        """Wait for every job's ack together; say per job how its checkpoint went."""
+        timeout = self.config.restart.checkpoint_timeout_s
+        start = self.clock.now()
+        deadline = start + timeout
+        last_check = start
+        waiting = dict(running)
+        outcome: dict[str, str] = {}
+        while True:
+            for sia_id, (action, _) in list(waiting.items()):
+                if self.paths.ack(sia_id, action.round_index).exists():
+                    outcome[sia_id] = f"acknowledged after {self.clock.now() - start:.1f} s"
+                    del waiting[sia_id]
+            now = self.clock.now()
+            if not waiting:
+                return outcome
+            if now >= deadline:
+                for sia_id in waiting:
+                    outcome[sia_id] = f"timed out: no acknowledgement within {timeout:g} s"
+                    logger.warning("job %s: %s", sia_id, outcome[sia_id])
+                return outcome
+            if now - last_check >= SLURM_POLL_S:
+                last_check = now
+                managed = self.observe().managed
+                for sia_id, (_, job) in list(waiting.items()):
+                    current = managed.get(sia_id)
+                    if current is None or current.current.job_id != job.job_id:
+                        continue
+                    if current.current.state == "PENDING" or current.current.finished:
+                        outcome[sia_id] = f"job ended ({current.current.state}) without an ack"
+                        del waiting[sia_id]
+            self.clock.sleep(min(ACK_POLL_S, max(deadline - now, 0.0)))
+
+    def _wait_until_pending(self, job_ids: list[str]) -> dict[str, str]:
+        """Wait until requeued jobs are PENDING (their GPUs free); the ones still not, with
+        their state, after :data:`COMPLETING_TIMEOUT_S`."""
+        if not job_ids:
+            return {}
+        deadline = self.clock.now() + COMPLETING_TIMEOUT_S
+        while True:
+            jobs = {job.job_id: job for job in self.observe().jobs}
+            left = {
+                job_id: jobs[job_id].state
+                for job_id in job_ids
+                if job_id in jobs and jobs[job_id].state != "PENDING"
+            }
+            if not left or self.clock.now() >= deadline:
+                return left
+            self.clock.sleep(COMPLETING_POLL_S)
+
+    # ------------------------------------------------------------------------------------------
+    # Start (and the second half of Move)
+
+    def _place(self, actions: list[PlacedAction], view: JobsView, book: _Round) -> None:
+        steps: list[_Placement] = []
+        for action in actions:
+            managed = self._managed(action, view, book)
+            if managed is None:
+                continue
+            try:
+                step = self._prepare(action, managed)
+            except (ActuationError, ProtocolError, KeyError, ValueError) as exc:
+                book.fail(action, str(exc))
+                continue
+            if step is not None:
+                steps.append(step)
+            else:
+                book.ok(action, f"already started (Slurm job {managed.current.job_id})")
+        self._reshape(steps, book)
+        ready = [s for s in steps if not book.done(s.action)]
+        for step in ready:
+            assignment = replace(
+                step.assignment, restarts=step.restarts, slurm_job_id=step.slurm_job_id
+            )
+            path = self.paths.assignment(step.action.sia_id)
+            write_document(path, assignment)
+            self.documents.forget(path)
+            self._clean_stop_files(step.action)  # the restarted job must not see the old request
+        failures = self._batched(commands.release, [s.slurm_job_id for s in ready])
+        requeued = [s.slurm_job_id for s in ready if s.restarts and not s.resubmitted]
+        failures.update(self._batched(commands.start_now, requeued))
+        for step in ready:
+            action = step.action
+            book.note(action, "slurm_job_id", step.slurm_job_id)
+            if step.slurm_job_id in failures:
+                book.fail(action, f"could not release: {failures[step.slurm_job_id]}")
+                continue
+            verb = "moved" if isinstance(action, Move) else "started"
+            where = ",".join(step.shape.node_list)
+            book.ok(
+                action, f"{verb} to {step.shape.partition} {where} (Slurm job {step.slurm_job_id})"
+            )
+
+    def _prepare(self, action: PlacedAction, managed: ManagedJob) -> _Placement | None:
+        """Check the action and bring the job to a held PENDING state; ``None`` if it is
+        already started for this round."""
+        shape = self._shape(action)
+        assignment = Assignment(
+            sia_id=action.sia_id,
+            round_index=action.round_index,
+            gpu_type=action.config.gpu_type,
+            partition=shape.partition,
+            nodes=shape.nodes,
+            gpus=action.config.gpus,
+            node_list=shape.node_list,
+            batch_size=action.batch.batch_size,
+            local_bsz=action.batch.local_bsz,
+            accum_steps=action.batch.accum_steps,
+        )
+        if self._already_placed(action, managed):
+            return None
+        job = managed.current
+        if job.holds_gpus:
+            raise ActuationError(
+                f"Slurm job {job.job_id} is {job.state}: a start needs a stopped job"
+            )
+        if job.finished:
+            if not self.paths.stop_request(action.sia_id).exists():
+                raise ActuationError(f"Slurm job {job.job_id} has ended ({job.state})")
+            self._run(commands.requeue_hold([job.job_id]))
+            if self._wait_until_pending([job.job_id]):
+                raise ActuationError(f"Slurm job {job.job_id} did not return to PENDING")
+            requeued = replace(job, state="PENDING", held=True, restart_count=job.restart_count + 1)
+            managed = replace(managed, current=requeued)
+            job = requeued
+        elif not job.held:
+            self._run(commands.hold([job.job_id]))
+        return _Placement(action, shape, assignment, managed, job.job_id, managed.restarts)
+
+    def _reshape(self, steps: list[_Placement], book: _Round) -> None:
+        """Update each job to its shape (or resubmit it), then read all back at once: an
+        update that exits 0 may not have taken."""
+        for step in steps:
+            job = step.job.current
+            try:
+                if self._must_resubmit(job, step.shape):
+                    self._resubmit(step)
+                else:
+                    self._run(commands.reshape(step.slurm_job_id, step.shape, job.cpus_per_task))
+            except (ActuationError, CommandError, ValueError) as exc:
+                book.fail(step.action, str(exc))
+        to_check = [s for s in steps if not book.done(s.action)]
+        if not to_check:
+            return
+        jobs = {job.job_id: job for job in self.observe().jobs}
+        for step in to_check:
+            job = jobs.get(step.slurm_job_id)
+            if job is None:
+                book.fail(step.action, f"Slurm job {step.slurm_job_id} vanished")
+                continue
+            differences = step.shape.matches(job)
+            if differences:
+                book.fail(
+                    step.action,
+                    f"scontrol update of Slurm job {job.job_id} exited 0 but did not take: "
+                    + "; ".join(differences),
+                )
+
+    def _must_resubmit(self, job: SlurmJob, shape: Shape) -> bool:
+        """Resubmit a node-count shrink of a job that has run when Slurm refused it in place
+        (the job sits in BadConstraints), or always when the backend was told to."""
+        shrink = job.restart_count > 0 and shape.nodes < job.node_count
+        return shrink and (self.resubmit_shrinks or job.reason == "BadConstraints")
+
+    def _resubmit(self, step: _Placement) -> None:
+        """Submit the job's batch script again, held, in its new shape; record it; cancel the
+        old job. Works from a crash at any point: the script is kept in the job directory,
+        and an unrecorded new job is a stray that the next apply cancels."""
+        old = step.job.current
+        sia_id = step.action.sia_id
+        euid = os.geteuid()
+        if euid != 0 and old.user_id != euid:
+            raise ActuationError(
+                f"Slurm job {old.job_id} must be resubmitted to shrink it, which needs root "
+                f"(it belongs to uid {old.user_id})"
+            )
+        script = self.paths.job_dir(sia_id) / "batch-script"
+        if not script.exists():
+            text = self._run(commands.write_batch_script(old.job_id))
+            if not text.startswith("#!"):
+                raise ActuationError(
+                    f"scontrol write batch_script {old.job_id} gave no script: {text[:80]!r}"
+                )
+            _write_private(script, text)
+        argv = commands.resubmit(old, step.shape, script, run_as_owner=euid == 0)
+        new_id = commands.parse_parsable(self._run(argv))
+        record = step.job.record
+        superseded = (*(record.superseded if record else ()), old.job_id)
+        SlurmRecord(new_id, step.job.restarts, superseded).write(
+            self.paths.job_dir(sia_id) / "slurm.json"
+        )
+        self._run_quiet(commands.cancel([old.job_id]))
+        logger.info(
+            "[round=%d job=%s] resubmitted Slurm job %s as %s to shrink it to %d node(s)",
+            step.action.round_index,
+            sia_id,
+            old.job_id,
+            new_id,
+            step.shape.nodes,
+        )
+        step.slurm_job_id = new_id
+        step.restarts = step.job.restarts
+        step.resubmitted = True
+
+    # ------------------------------------------------------------------------------------------
+    # Rebatch
+
+    def _rebatch(self, action: Rebatch, view: JobsView, book: _Round) -> None:
+        managed = self._managed(action, view, book)
+        if managed is None:
+            return
+        path = self.paths.assignment(action.sia_id)
+        try:
+            current = read_document(Assignment, path) if path.exists() else None
+        except ProtocolError as exc:
+            book.fail(action, f"cannot read the current assignment: {exc}")
+            return
+        if current is None:
+            book.fail(action, "no assignment to change: the job was not started by sia-slurm")
+            return
+        if current.round_index > action.round_index:
+            book.fail(action, f"superseded by the assignment of round {current.round_index}")
+            return
+        batch = (action.batch.batch_size, action.batch.local_bsz, action.batch.accum_steps)
+        if current.round_index == action.round_index and batch == (
+            current.batch_size,
+            current.local_bsz,
+            current.accum_steps,
+        ):
+            book.ok(action, "batch already set")
+            return
+        if not managed.current.holds_gpus:
+            book.fail(action, f"Slurm job {managed.current.job_id} is {managed.current.state}")
+            return
+        try:
+            updated = replace(
+                current,
+                round_index=action.round_index,
+                batch_size=batch[0],
+                local_bsz=batch[1],
+                accum_steps=batch[2],
+            )
+        except ProtocolError as exc:
+            book.fail(action, f"bad batch: {exc}")
+            return
+        write_document(path, updated)
+        self.documents.forget(path)
+        book.ok(action, f"batch {batch[0]} ({batch[1]} per GPU, {batch[2]} extra micro-batches)")
+
+    # ------------------------------------------------------------------------------------------
+    # Helpers
+
+    def _managed(self, action: Action, view: JobsView, book: _Round) -> ManagedJob | None:
+        managed = view.managed.get(action.sia_id)
+        if managed is None:
+            book.fail(action, "no Slurm job carries this sia id (finished and forgotten?)")
+            return None
+        assignment = self._assignment(action.sia_id)
+        if assignment is not None and assignment.round_index > action.round_index:
+            book.fail(action, f"superseded by the assignment of round {assignment.round_index}")
+            return None
+        return managed
+
+    def _assignment(self, sia_id: str) -> Assignment | None:
+        path = self.paths.assignment(sia_id)
+        try:
+            return read_document(Assignment, path) if path.exists() else None
+        except ProtocolError:
+            return None
+
+    def _already_placed(self, action: PlacedAction, managed: ManagedJob) -> bool:
+        """This round's assignment is written and the job runs (or waits released) with it."""
+        assignment = self._assignment(action.sia_id)
+        job = managed.current
+        return (
+            assignment is not None
+            and assignment.round_index == action.round_index
+            and assignment.slurm_job_id == job.job_id
+            and (job.holds_gpus or (job.state == "PENDING" and not job.held))
+        )
+
+    def _shape(self, action: PlacedAction) -> Shape:
+        config = action.config
+        try:
+            partition = self.config.partition_of(config.gpu_type).name
+        except KeyError:
+            raise ActuationError(
+                f"GPU type {config.gpu_type!r} has no configured partition"
+            ) from None
+        per_node = config.gpus // config.nodes
+        shares = action.placement
+        if len(shares) != config.nodes or any(s.gpus != per_node for s in shares):
+            raise ActuationError(
+                f"placement {[(s.node, s.gpus) for s in shares]} is not {config.nodes} node(s) "
+                f"x {per_node} GPUs ({config})"
+            )
+        return Shape(partition, config.nodes, per_node, tuple(s.node for s in shares))
+
+    def _clean_stop_files(self, action: Action) -> None:
+        self.paths.stop_request(action.sia_id).unlink(missing_ok=True)
+        self.paths.ack(action.sia_id, action.round_index).unlink(missing_ok=True)
+
+    def _cancel_strays(self, view: JobsView) -> None:
+        strays = [job.job_id for job in view.strays]
+        if strays:
+            logger.info("cancelling leftovers of interrupted resubmissions: %s", strays)
+            self._run_quiet(commands.cancel(strays))
+
+    def _run(self, argv: list[str]) -> str:
+        """Run a command that must succeed; its stdout."""
+        return self.runner.run(argv).stdout
+
+    def _run_quiet(self, argv: list[str]) -> None:
+        """Run a command whose failure for some jobs is expected (they already ended)."""
+        result = self.runner.run(argv, check=False)
+        if result.returncode != 0:
+            logger.info("%s: exit %d: %s", " ".join(argv), result.returncode, result.stderr.strip())
+
+    def _batched(
+        self, build: Callable[[Sequence[str]], list[str]], job_ids: list[str]
+    ) -> dict[str, str]:
+        """Run ``build(job_ids)`` once; if it fails, job by job to find which. Returns the
+        failures by job id."""
+        if not job_ids:
+            return {}
+        try:
+            self.runner.run(build(job_ids))
+            return {}
+        except CommandError as exc:
+            if len(job_ids) == 1:
+                return {job_ids[0]: str(exc)}
+        failures = {}
+        for job_id in job_ids:
+            try:
+                self.runner.run(build([job_id]))
+            except CommandError as exc:
+                failures[job_id] = str(exc)
+        return failures
+
+
+def _write_private(path: os.PathLike[str], text: str) -> None:
+    """Write ``text`` atomically, readable by its owner only (a user's batch script)."""
+    tmp = f"{os.fspath(path)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

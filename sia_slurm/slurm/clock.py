@@ -1,0 +1,24 @@
+"""The backend's clock: wall time and sleeping, injectable so tests need not wait."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Seconds since the epoch, and a way to wait (both faked in unit tests)."""
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    """The real clock."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(seconds, 0.0))

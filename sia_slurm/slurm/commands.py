@@ -1,0 +1,168 @@
+"""The Slurm command lines of the backend, built as argv lists (never shell strings).
+
+Pure functions, so the exact commands are unit-tested and the sequences in
+``docs/slurm-actuation.md`` (verified on Slurm 22.05.8) are written down once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sia_slurm.slurm.jsonparse import SlurmJob
+
+# Observation: one command per kind per round.
+SHOW_NODES = ("scontrol", "-o", "show", "node")
+SHOW_RESERVATIONS = ("scontrol", "-o", "show", "reservation")
+# --all: hidden partitions too; --states=all: finished jobs too (23.02+ honour filters with
+# --json; 22.05 ignores them and prints every job it still remembers).
+SQUEUE_JSON = ("squeue", "--json", "--all", "--states=all")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a job should run: partition, node count, GPUs per node and the exact nodes."""
+
+    partition: str
+    nodes: int
+    gpus_per_node: int
+    node_list: tuple[str, ...]
+
+    def matches(self, job: SlurmJob) -> list[str]:
+        """What differs between this shape and the job's request (empty when it took).
+
+        A pending job that has run shows the node count of its last allocation, not its
+        request (22.05), so the node count is checked through the task count (one task per
+        node) and, for a job that never ran, directly.
+        """
+        differences = []
+        if job.partition != self.partition:
+            differences.append(f"Partition={job.partition} (wanted {self.partition})")
+        if job.tasks != self.nodes:
+            differences.append(f"NumTasks={job.tasks} (wanted {self.nodes})")
+        if job.restart_count == 0 and job.node_count != self.nodes:
+            differences.append(f"NumNodes={job.node_count} (wanted {self.nodes})")
+        if job.requested_gpus_per_node != self.gpus_per_node:
+            differences.append(
+                f"GPUs per node={job.requested_gpus_per_node} (wanted {self.gpus_per_node})"
+            )
+        if sorted(job.required_nodes) != sorted(self.node_list):
+            differences.append(
+                f"ReqNodeList={','.join(job.required_nodes) or '-'} "
+                f"(wanted {','.join(self.node_list)})"
+            )
+        return differences
+
+
+def job_list(job_ids: Sequence[str]) -> str:
+    """Slurm's job list argument: ``12,13,14``."""
+    return ",".join(job_ids)
+
+
+def signal_checkpoint(job_ids: Sequence[str]) -> list[str]:
+    """Wake the jobs' batch shells with SIGUSR1 (``scontrol requeue`` never sends it)."""
+    return ["scancel", "--batch", "--signal=USR1", *job_ids]
+
+
+def requeue_hold(job_ids: Sequence[str]) -> list[str]:
+    """Requeue running or finished jobs and keep them held (JobHeldAdmin as root)."""
+    return ["scontrol", "requeuehold", job_list(job_ids)]
+
+
+def hold(job_ids: Sequence[str]) -> list[str]:
+    return ["scontrol", "hold", job_list(job_ids)]
+
+
+def release(job_ids: Sequence[str]) -> list[str]:
+    return ["scontrol", "release", job_list(job_ids)]
+
+
+def start_now(job_ids: Sequence[str]) -> list[str]:
+    """Clear the BeginTime delay a requeue sets (cred_expire + 1 s); valid once PENDING."""
+    return ["scontrol", "update", f"JobId={job_list(job_ids)}", "StartTime=now"]
+
+
+def cancel(job_ids: Sequence[str]) -> list[str]:
+    return ["scancel", *job_ids]
+
+
+def reshape(job_id: str, shape: Shape, cpus_per_task: int = 1) -> list[str]:
+    """Retype and resize a pending job: untyped GPUs per node, the type chosen by partition.
+
+    ``NumNodes=N-N`` (``N`` alone only sets the minimum), ``NumTasks=N`` (one task per node)
+    and ``NumCPUs=N*cpus_per_task``: a job that has run keeps its old CPU count, and a node
+    count shrink without it ends in BadConstraints (verified on 22.05.8). All fields in one
+    update, which Slurm applies all or nothing.
+    """
+    return [
+        "scontrol",
+        "update",
+        f"JobId={job_id}",
+        f"Partition={shape.partition}",
+        f"TresPerNode=gres:gpu:{shape.gpus_per_node}",
+        f"NumNodes={shape.nodes}-{shape.nodes}",
+        f"NumTasks={shape.nodes}",
+        f"NumCPUs={shape.nodes * cpus_per_task}",
+        f"ReqNodeList={','.join(shape.node_list)}",
+    ]
+
+
+def write_batch_script(job_id: str) -> list[str]:
+    """The job's batch script on stdout (works while slurmctld still holds the job)."""
+    return ["scontrol", "write", "batch_script", job_id, "-"]
+
+
+def resubmit(job: SlurmJob, shape: Shape, script: Path, *, run_as_owner: bool) -> list[str]:
+    """Submit ``script`` again for ``job`` (same name, comment, files, directory), held,
+    in ``shape``. The fallback when Slurm refuses to shrink the job's node count in place
+    (the job sits in BadConstraints after an update).
+
+    Carried over from Slurm's record of the old job: name, comment, working directory,
+    stdout/stderr/stdin, time limit, account, QOS; ``--requeue --open-mode=append`` as
+    sia-sbatch submits. ``--export=NONE``: the job starts from the owner's login environment
+    (the submitting shell's environment is not kept by Slurm). Options given on the original
+    sbatch command line beyond these are lost; ``#SBATCH`` lines in the script are kept (the
+    options here override them). ``run_as_owner`` (root only) submits as the job's user.
+    """
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--hold",
+        f"--job-name={job.name}",
+        f"--comment={job.comment}",
+        f"--partition={shape.partition}",
+        f"--nodes={shape.nodes}-{shape.nodes}",
+        f"--ntasks={shape.nodes}",
+        f"--cpus-per-task={job.cpus_per_task}",
+        f"--gpus-per-node={shape.gpus_per_node}",
+        f"--nodelist={','.join(shape.node_list)}",
+        "--requeue",
+        "--open-mode=append",
+        "--export=NONE",
+    ]
+    if job.working_dir:
+        argv.append(f"--chdir={job.working_dir}")
+    for option, value in (
+        ("--output", job.stdout),
+        ("--error", job.stderr),
+        ("--input", job.stdin),
+        ("--account", job.account),
+        ("--qos", job.qos),
+    ):
+        if value:
+            argv.append(f"{option}={value}")
+    if job.time_limit_min is not None:
+        argv.append(f"--time={job.time_limit_min}")
+    if run_as_owner:
+        argv += [f"--uid={job.user_id}", f"--gid={job.group_id}"]
+    argv.append(str(script))
+    return argv
+
+
+def parse_parsable(stdout: str) -> str:
+    """The job id from ``sbatch --parsable`` output (``123`` or ``123;cluster``)."""
+    job_id = stdout.strip().split(";")[0].strip()
+    if not job_id.isdigit():
+        raise ValueError(f"sbatch --parsable printed {stdout.strip()!r}, expected a job id")
+    return job_id

@@ -1,0 +1,537 @@
+"""The controller's SQLite database (``<state_dir>/sia.db``): one file that survives restarts.
+
+Why SQLite: the controller may run as a cron ``--once`` job, a new process every round, so every
+piece of its memory and every action it issues must outlive the process; SQLite gives atomic
+multi-table commits (one per round stage) without a server. The database runs in WAL mode with
+``synchronous=FULL``: a commit that returned is on disk, which the action journal relies on
+(an action is committed *before* it is issued).
+
+Tables (schema version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version``):
+
+* ``jobs`` — per sia job: spec, phase and its history, Slurm job id history, first start,
+  finish, restarts, current configuration, and the controller's memory of it;
+* ``rounds`` / ``decisions`` — per round its timings, solve info and GPUs per type, and the
+  controller's :class:`~sia_slurm.controller.Decision` for every job;
+* ``actions`` — the journal (:mod:`sia_slurm.state.journal`);
+* ``reports`` / ``controller`` — metrics reports ingested and the policy's previous allocation
+  (:mod:`sia_slurm.state.memory`);
+* ``meta`` — small key/value facts (the last round's nodes, for offline ``status``/``explain``).
+
+This module owns the connection, the schema and the ``jobs``/``rounds``/``decisions`` tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
+from sia_slurm.controller import Decision, RoundOutcome
+from sia_slurm.policy.base import NodeView
+from sia_slurm.protocol import to_json
+from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
+
+SCHEMA_VERSION = 1
+GONE = "gone"  # jobs.phase of a job that left the snapshots without finishing
+DEFAULT_KEEP_ROUNDS = 7 * 24 * 60  # a week of 60 s rounds of history (decisions, done actions)
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE jobs (
+    sia_id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    phase_history TEXT NOT NULL,
+    slurm_job_ids TEXT NOT NULL,
+    submit_time REAL,
+    first_start REAL,
+    finish_time REAL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    config TEXT,
+    placement TEXT,
+    batch TEXT,
+    message TEXT NOT NULL DEFAULT '',
+    last_seen REAL,
+    remembered INTEGER NOT NULL DEFAULT 0,
+    admitted_round INTEGER,
+    max_gpus_seen INTEGER NOT NULL DEFAULT 0,
+    reports_seen INTEGER NOT NULL DEFAULT 0,
+    last_report_time REAL
+);
+CREATE TABLE rounds (
+    round_index INTEGER PRIMARY KEY,
+    time REAL NOT NULL,
+    wall_time REAL NOT NULL,
+    dry_run INTEGER NOT NULL,
+    timings TEXT NOT NULL,
+    solve_status TEXT NOT NULL,
+    solve_seconds REAL NOT NULL,
+    solve_message TEXT NOT NULL,
+    gpus TEXT NOT NULL,
+    jobs_by_phase TEXT NOT NULL,
+    rejected TEXT NOT NULL
+);
+CREATE TABLE decisions (
+    round_index INTEGER NOT NULL,
+    sia_id TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    action TEXT NOT NULL,
+    before TEXT NOT NULL,
+    after TEXT NOT NULL,
+    batch_size INTEGER NOT NULL,
+    local_bsz INTEGER NOT NULL,
+    accum_steps INTEGER NOT NULL,
+    goodput REAL NOT NULL,
+    note TEXT NOT NULL,
+    PRIMARY KEY (round_index, sia_id)
+);
+CREATE INDEX decisions_by_job ON decisions (sia_id, round_index);
+CREATE TABLE actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    round_index INTEGER NOT NULL,
+    sia_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed', 'skipped')),
+    message TEXT NOT NULL DEFAULT '',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    finished REAL
+);
+CREATE INDEX actions_by_state ON actions (state, id);
+CREATE TABLE reports (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    sia_id TEXT NOT NULL,
+    round_index INTEGER NOT NULL,
+    shape TEXT NOT NULL,
+    report TEXT NOT NULL
+);
+CREATE INDEX reports_by_shape ON reports (sia_id, shape, id);
+CREATE TABLE controller (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    format INTEGER NOT NULL,
+    sia_version TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    round_index INTEGER NOT NULL,
+    allocation BLOB,
+    saved REAL NOT NULL
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The state database cannot be opened or used (names the file and the reason)."""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One row of ``jobs``, decoded."""
+
+    sia_id: str
+    spec: dict[str, Any]
+    phase: str
+    phase_history: list[list[Any]]  # [time, phase] per change
+    slurm_job_ids: list[str]
+    submit_time: float | None
+    first_start: float | None
+    finish_time: float | None
+    restarts: int
+    config: dict[str, Any] | None
+    placement: list[list[Any]] | None
+    batch: dict[str, int] | None
+    message: str
+    last_seen: float | None
+    remembered: bool
+    admitted_round: int | None
+    max_gpus_seen: int
+    reports_seen: int
+    last_report_time: float | None
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """One row of ``rounds``, decoded."""
+
+    round_index: int
+    time: float
+    wall_time: float
+    dry_run: bool
+    timings: dict[str, float]
+    solve_status: str
+    solve_seconds: float
+    solve_message: str
+    gpus: dict[str, dict[str, int]]  # type -> total/usable/allocated/in_use
+    jobs_by_phase: dict[str, int]
+    rejected: list[str]
+
+
+class Store:
+    """An open state database. Use :meth:`open`; every write goes through :meth:`transaction`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.conn = conn
+
+    # ------------------------------------------------------------------------------------------
+    # Opening, schema, transactions
+
+    @classmethod
+    def open(cls, path: Path, *, create: bool = True) -> Store:
+        """Open (and with ``create``, create and migrate) the database at ``path``.
+
+        A new database is created readable and writable by its owner only: it holds pickled
+        policy state, which must never be writable by job owners (see docs/operations.md).
+        """
+        path = Path(path)
+        if not create and not path.exists():
+            raise StoreError(f"{path}: no state database (has the controller run yet?)")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            old_umask = os.umask(0o077)
+            try:
+                conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+            finally:
+                os.umask(old_umask)
+            conn.row_factory = sqlite3.Row
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{path}: cannot open the state database: {exc}") from None
+        if str(mode).lower() != "wal":
+            conn.close()
+            raise StoreError(f"{path}: the filesystem refused WAL mode (got {mode!r})")
+        store = cls(path, conn)
+        store._migrate()
+        return store
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            self.close()
+            raise StoreError(
+                f"{self.path}: schema version {version} is newer than this sia-slurm knows "
+                f"({SCHEMA_VERSION}); upgrade sia-slurm or point state_dir elsewhere"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        with self.transaction():
+            if self.schema_version == 0:  # re-read under the write lock: another may have won
+                # One statement at a time: executescript would commit the open transaction.
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception); not reentrant."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot start a transaction: {exc}") from None
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------
+    # meta
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, json.dumps(value)),
+        )
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def last_nodes(self) -> tuple[NodeView, ...]:
+        """The nodes of the last recorded snapshot (for offline ``status`` and ``explain``)."""
+        return tuple(NodeView(*item) for item in self.meta("last_nodes", []))
+
+    # ------------------------------------------------------------------------------------------
+    # jobs
+
+    def record_jobs(self, snapshot: ClusterSnapshot) -> None:
+        """Fold the snapshot's view of every job into ``jobs`` (histories only grow)."""
+        existing = {row.sia_id: row for row in self.jobs([job.sia_id for job in snapshot.jobs])}
+        for job in snapshot.jobs:
+            self._upsert_job(job, existing.get(job.sia_id), snapshot.time)
+        self._mark_vanished({job.sia_id for job in snapshot.jobs}, snapshot.time)
+        self.set_meta(
+            "last_nodes",
+            [[n.name, n.gpu_type, n.total_gpus, n.usable_gpus] for n in snapshot.nodes],
+        )
+
+    def _upsert_job(self, job: JobSnapshot, row: JobRow | None, now: float) -> None:
+        phases = row.phase_history if row else []
+        if not phases or phases[-1][1] != job.phase.value:
+            phases = [*phases, [now, job.phase.value]]
+        slurm_ids = row.slurm_job_ids if row else []
+        if job.slurm_job_id and job.slurm_job_id not in slurm_ids:
+            slurm_ids = [*slurm_ids, job.slurm_job_id]
+        first_start = row.first_start if row else None
+        if first_start is None and job.phase.holds_gpus:
+            first_start = now
+        finish = job.finish_time if job.phase.finished else None
+        if finish is None and job.phase.finished:
+            finish = row.finish_time if row and row.finish_time is not None else now
+        holds = job.phase.holds_gpus
+        values = {
+            "sia_id": job.sia_id,
+            "spec": json.dumps(to_json(job.spec), sort_keys=True),
+            "phase": job.phase.value,
+            "phase_history": json.dumps(phases),
+            "slurm_job_ids": json.dumps(slurm_ids),
+            "submit_time": job.spec.submit_time,
+            "first_start": first_start,
+            "finish_time": finish,
+            "restarts": job.restarts,
+            "config": json.dumps(config_to_json(job.config)) if holds else None,
+            "placement": json.dumps(placement_to_json(job.placement)) if holds else None,
+            "batch": json.dumps(batch_to_json(job.batch)) if holds else None,
+            "message": job.message,
+            "last_seen": now,
+        }
+        columns = ", ".join(values)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in values if k != "sia_id")
+        self.conn.execute(
+            f"INSERT INTO jobs ({columns}) VALUES ({', '.join('?' * len(values))}) "
+            f"ON CONFLICT (sia_id) DO UPDATE SET {updates}",
+            tuple(values.values()),
+        )
+
+    def _mark_vanished(self, seen: set[str], now: float) -> None:
+        """Unfinished jobs missing from the snapshot (cancelled outside sia-slurm, or purged)
+        become ``gone``, as the controller forgets them too."""
+        rows = self.conn.execute(
+            "SELECT sia_id, phase_history FROM jobs WHERE phase NOT IN (?, ?, ?)",
+            (JobPhase.DONE.value, JobPhase.FAILED.value, GONE),
+        ).fetchall()
+        for row in rows:
+            if row["sia_id"] in seen:
+                continue
+            history = [*json.loads(row["phase_history"]), [now, GONE]]
+            self.conn.execute(
+                "UPDATE jobs SET phase = ?, phase_history = ?, config = NULL, placement = NULL, "
+                "batch = NULL WHERE sia_id = ?",
+                (GONE, json.dumps(history), row["sia_id"]),
+            )
+
+    def jobs(self, sia_ids: Sequence[str] | None = None) -> list[JobRow]:
+        """Rows of ``jobs`` (all, or those of ``sia_ids``), in id order."""
+        if sia_ids is None:
+            rows = self.conn.execute("SELECT * FROM jobs ORDER BY sia_id").fetchall()
+        else:
+            rows = []
+            ids = list(sia_ids)
+            for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+                chunk = ids[start : start + 500]
+                rows += self.conn.execute(
+                    f"SELECT * FROM jobs WHERE sia_id IN ({', '.join('?' * len(chunk))}) "
+                    "ORDER BY sia_id",
+                    chunk,
+                ).fetchall()
+        return [_job_row(row) for row in rows]
+
+    def job(self, sia_id: str) -> JobRow | None:
+        found = self.jobs([sia_id])
+        return found[0] if found else None
+
+    # ------------------------------------------------------------------------------------------
+    # rounds and decisions
+
+    def record_round(
+        self,
+        outcome: RoundOutcome,
+        snapshot: ClusterSnapshot,
+        *,
+        dry_run: bool,
+        wall_time: float,
+        timings: dict[str, float],
+    ) -> None:
+        """One row of ``rounds`` and one ``decisions`` row per job (replacing a re-run round)."""
+        info = outcome.allocation.info
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                outcome.round_index,
+                outcome.time,
+                wall_time,
+                int(dry_run),
+                json.dumps(timings, sort_keys=True),
+                info.status,
+                info.solve_seconds,
+                info.message,
+                json.dumps(gpus_by_type(snapshot, outcome), sort_keys=True),
+                json.dumps(jobs_by_phase(snapshot), sort_keys=True),
+                json.dumps(list(outcome.rejected)),
+            ),
+        )
+        self.conn.execute("DELETE FROM decisions WHERE round_index = ?", (outcome.round_index,))
+        self.conn.executemany(
+            "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(outcome.round_index, *_decision_values(d)) for d in outcome.decisions],
+        )
+
+    def last_round(self) -> RoundRow | None:
+        row = self.conn.execute("SELECT * FROM rounds ORDER BY round_index DESC LIMIT 1").fetchone()
+        return None if row is None else _round_row(row)
+
+    def decisions(self, round_index: int) -> dict[str, Decision]:
+        rows = self.conn.execute(
+            "SELECT * FROM decisions WHERE round_index = ? ORDER BY sia_id", (round_index,)
+        ).fetchall()
+        return {row["sia_id"]: _decision(row) for row in rows}
+
+    def last_decision(self, sia_id: str) -> tuple[int, Decision] | None:
+        """The latest round's decision about ``sia_id``, with that round's index."""
+        row = self.conn.execute(
+            "SELECT * FROM decisions WHERE sia_id = ? ORDER BY round_index DESC LIMIT 1",
+            (sia_id,),
+        ).fetchone()
+        return None if row is None else (row["round_index"], _decision(row))
+
+    def prune(self, keep_rounds: int = DEFAULT_KEEP_ROUNDS) -> None:
+        """Forget rounds, decisions and settled actions older than the last ``keep_rounds``."""
+        last = self.conn.execute("SELECT MAX(round_index) FROM rounds").fetchone()[0]
+        if last is None:
+            return
+        oldest = last - keep_rounds
+        self.conn.execute("DELETE FROM rounds WHERE round_index <= ?", (oldest,))
+        self.conn.execute("DELETE FROM decisions WHERE round_index <= ?", (oldest,))
+        self.conn.execute(
+            "DELETE FROM actions WHERE round_index <= ? AND state != 'pending'", (oldest,)
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Summaries of a round (shared by the rounds table and the Prometheus file)
+
+
+def gpus_by_type(snapshot: ClusterSnapshot, outcome: RoundOutcome) -> dict[str, dict[str, int]]:
+    """Per GPU type: total and usable GPUs, GPUs the round allocated, and GPUs held now."""
+    summary: dict[str, dict[str, int]] = {}
+    for node in snapshot.nodes:
+        entry = summary.setdefault(
+            node.gpu_type, {"total": 0, "usable": 0, "allocated": 0, "in_use": 0}
+        )
+        entry["total"] += node.total_gpus
+        entry["usable"] += node.usable_gpus
+    empty = {"total": 0, "usable": 0, "allocated": 0, "in_use": 0}
+    for gpu_type, gpus in outcome.allocation.gpus_used().items():
+        summary.setdefault(gpu_type, dict(empty))["allocated"] += gpus
+    for job in snapshot.jobs:
+        if job.phase.holds_gpus and job.config is not None:
+            summary.setdefault(job.config.gpu_type, dict(empty))["in_use"] += job.config.gpus
+    return summary
+
+
+def jobs_by_phase(snapshot: ClusterSnapshot) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for job in snapshot.jobs:
+        counts[job.phase.value] = counts.get(job.phase.value, 0) + 1
+    return counts
+
+
+# ----------------------------------------------------------------------------------------------
+# Row decoding
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _job_row(row: sqlite3.Row) -> JobRow:
+    return JobRow(
+        sia_id=row["sia_id"],
+        spec=json.loads(row["spec"]),
+        phase=row["phase"],
+        phase_history=json.loads(row["phase_history"]),
+        slurm_job_ids=json.loads(row["slurm_job_ids"]),
+        submit_time=row["submit_time"],
+        first_start=row["first_start"],
+        finish_time=row["finish_time"],
+        restarts=row["restarts"],
+        config=_loads(row["config"]),
+        placement=_loads(row["placement"]),
+        batch=_loads(row["batch"]),
+        message=row["message"],
+        last_seen=row["last_seen"],
+        remembered=bool(row["remembered"]),
+        admitted_round=row["admitted_round"],
+        max_gpus_seen=row["max_gpus_seen"],
+        reports_seen=row["reports_seen"],
+        last_report_time=row["last_report_time"],
+    )
+
+
+def _round_row(row: sqlite3.Row) -> RoundRow:
+    return RoundRow(
+        round_index=row["round_index"],
+        time=row["time"],
+        wall_time=row["wall_time"],
+        dry_run=bool(row["dry_run"]),
+        timings=json.loads(row["timings"]),
+        solve_status=row["solve_status"],
+        solve_seconds=row["solve_seconds"],
+        solve_message=row["solve_message"],
+        gpus=json.loads(row["gpus"]),
+        jobs_by_phase=json.loads(row["jobs_by_phase"]),
+        rejected=json.loads(row["rejected"]),
+    )
+
+
+def _decision_values(d: Decision) -> tuple[Any, ...]:
+    return (
+        d.sia_id,
+        d.phase,
+        d.action,
+        d.before,
+        d.after,
+        d.batch_size,
+        d.local_bsz,
+        d.accum_steps,
+        d.goodput,
+        d.note,
+    )
+
+
+def _decision(row: sqlite3.Row) -> Decision:
+    return Decision(
+        sia_id=row["sia_id"],
+        phase=row["phase"],
+        action=row["action"],
+        before=row["before"],
+        after=row["after"],
+        batch_size=row["batch_size"],
+        local_bsz=row["local_bsz"],
+        accum_steps=row["accum_steps"],
+        goodput=row["goodput"],
+        note=row["note"],
+    )

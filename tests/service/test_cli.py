@@ -1,0 +1,159 @@
+"""The commands through click's CliRunner, with the fake cluster passed in the context object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from sia_slurm.cli.main import cli
+from sia_slurm.config import load_config
+from sia_slurm.protocol import JobSpec
+from sia_slurm.service import ServiceError, build_backend
+from sia_slurm.state import Journal, Store
+from tests.service.fakes import FakeCluster, write_config
+
+
+def invoke(cluster: FakeCluster | None, *args: str) -> Result:
+    obj = {} if cluster is None else {"backend_factory": lambda _config: cluster}
+    return CliRunner().invoke(cli, list(args), obj=obj, catch_exceptions=False)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, FakeCluster]:
+    config = write_config(tmp_path)
+    cluster = FakeCluster(tmp_path / "cluster.json")
+    cluster.submit(JobSpec("train-a", "cifar10", submit_time=0.0), work=1e7)
+    cluster.submit(JobSpec("train-b", "ncf", submit_time=0.0), work=1e7)
+    return config, cluster
+
+
+def rounds(config: Path, cluster: FakeCluster, count: int, *extra: str) -> None:
+    for _ in range(count):
+        result = invoke(cluster, "controller", "run", "--once", "--config", str(config), *extra)
+        assert result.exit_code == 0, result.output
+        cluster.advance(60.0)
+
+
+def test_run_once_runs_a_round(setup: tuple[Path, FakeCluster]) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 2)
+    with Store.open(load_config(config).db_path) as store:
+        assert store.last_round().round_index == 1  # type: ignore[union-attr]
+        assert {e.state for e in Journal(store).entries()} == {"done"}
+    assert all(job.launches >= 1 for job in cluster.jobs.values())
+
+
+def test_run_once_dry_run_flag_changes_nothing(setup: tuple[Path, FakeCluster]) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 1, "--dry-run")
+    assert all(job.phase == "pending" and job.launches == 0 for job in cluster.jobs.values())
+
+
+def test_dry_run_from_config(tmp_path: Path) -> None:
+    config = write_config(tmp_path, dry_run=True)
+    cluster = FakeCluster(tmp_path / "cluster.json")
+    cluster.submit(JobSpec("j", "cifar10"))
+    rounds(config, cluster, 1)
+    assert cluster.jobs["j"].launches == 0 and cluster.apply_calls == 0
+
+
+def test_status_shows_gpu_types_and_jobs(setup: tuple[Path, FakeCluster]) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 3)
+    result = invoke(cluster, "status", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(line.split()[:3] == ["a100", "8", "8"] for line in lines), result.output
+    job = cluster.jobs["train-a"]
+    row = next(line for line in lines if line.startswith("train-a"))
+    assert row.split()[1:5] == ["cifar10", job.phase, str(job.config), str(job.config.gpus)]  # type: ignore[union-attr]
+    data = json.loads(invoke(cluster, "status", "--config", str(config), "--json").output)
+    assert data["live"] and {j["sia_id"] for j in data["jobs"]} == {"train-a", "train-b"}
+    allocated = sum(c["allocated"] for c in data["gpu_types"].values())
+    assert allocated == sum(j.config.gpus for j in cluster.jobs.values() if j.config)
+
+
+def test_status_falls_back_to_the_database(setup: tuple[Path, FakeCluster]) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 2)
+
+    def broken(_config: object) -> FakeCluster:
+        raise ServiceError("slurmctld is down")
+
+    result = CliRunner().invoke(
+        cli, ["status", "--config", str(config)], obj={"backend_factory": broken}
+    )
+    assert result.exit_code == 0, result.output
+    assert "no live snapshot (ServiceError: slurmctld is down)" in result.output
+    assert "train-a" in result.output and "train-b" in result.output
+    offline = invoke(None, "status", "--config", str(config), "--offline")
+    assert offline.exit_code == 0 and "train-a" in offline.output
+
+
+def test_status_before_any_round_says_so(tmp_path: Path) -> None:
+    result = invoke(None, "status", "--config", str(write_config(tmp_path)), "--offline")
+    assert result.exit_code == 1
+    assert "sia.db: no state database (has the controller run yet?)" in result.output
+
+
+def test_explain_shows_the_goodput_row(setup: tuple[Path, FakeCluster]) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 3)
+    result = invoke(cluster, "explain", "train-a", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "restart factor r = " in out and "goodput row" in out and "best per GPU type" in out
+    current = str(cluster.jobs["train-a"].config)
+    assert any(line.startswith(f"*{current}") for line in out.splitlines()), out
+    assert "last decision (round 2)" in out
+    offline = invoke(None, "explain", "train-a", "--config", str(config), "--offline")
+    assert offline.exit_code == 0 and "goodput row" in offline.output
+
+
+def test_explain_unknown_job(setup: tuple[Path, FakeCluster]) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 1)
+    result = invoke(cluster, "explain", "nope", "--config", str(config))
+    assert result.exit_code == 1
+    assert "nope: no managed job" in result.output and "train-a" in result.output
+
+
+def test_bad_config_names_file_line_and_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("state_dir: s\nround_seconds: -5\npartitions: {a100: {gpu_type: a100}}\n")
+    for command in (["controller", "run", "--once"], ["status"], ["explain", "x"]):
+        result = invoke(None, *command, "--config", str(bad))
+        assert result.exit_code == 1
+        assert f"{bad}:2: round_seconds: expected a positive number" in result.output
+        assert "partitions.a100.gpus_per_node: missing" in result.output
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = invoke(None, "controller", "run", "--once", "--config", str(tmp_path / "none.yaml"))
+    assert result.exit_code == 1 and "none.yaml: file not found" in result.output
+
+
+def test_backend_comes_from_the_config(tmp_path: Path) -> None:
+    from sia_slurm.slurm.backend import SlurmBackend
+
+    path = write_config(tmp_path)
+    assert isinstance(build_backend(load_config(path)), SlurmBackend)
+    # pyslurm cannot be used here (no binding, no Slurm configured): a clear error, exit 1.
+    path.write_text(path.read_text() + "slurm: {backend: pyslurm, bin_dir: /nonexistent}\n")
+    with pytest.raises(ServiceError, match=r"sia.yaml: slurm.backend: pyslurm: "):
+        build_backend(load_config(path))
+    result = invoke(None, "controller", "run", "--once", "--config", str(path))
+    assert result.exit_code == 1 and "slurm.backend: pyslurm: " in result.output
+
+
+def test_unwritable_log_file_is_a_clear_error(
+    setup: tuple[Path, FakeCluster], tmp_path: Path
+) -> None:
+    config, cluster = setup
+    (tmp_path / "plain").write_text("a file, not a directory")
+    result = invoke(cluster, "controller", "run", "--once", "--config", str(config),
+                    "--log-file", str(tmp_path / "plain" / "controller.log"))  # fmt: skip
+    assert result.exit_code == 1 and "--log-file: cannot open it" in result.output

@@ -1,0 +1,79 @@
+"""The Prometheus textfile: valid exposition format, the promised series, atomic replacement."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sia_slurm.config import SiaConfig
+from sia_slurm.protocol import JobSpec
+from sia_slurm.service import open_controller, run_round
+from sia_slurm.service.metrics import Metric, render, write_textfile
+from sia_slurm.state import Store
+from tests.service.fakes import FakeCluster
+
+LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+NUMBER = r"[-+]?(\d+(\.\d*)?([eE][-+]?\d+)?|Inf|NaN)"
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+SAMPLE = re.compile(
+    rf"^(?P<name>{NAME})(\{{(?P<labels>{LABEL}(,{LABEL})*)\}})? (?P<value>{NUMBER})$"
+)
+
+
+def parse(text: str) -> dict[str, list[tuple[str, float]]]:
+    """Check the 0.0.4 text format strictly; return samples per metric name."""
+    assert text.endswith("\n")
+    declared: dict[str, str] = {}
+    samples: dict[str, list[tuple[str, float]]] = {}
+    helped = set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name = line.split()[2]
+            assert name not in helped, f"HELP twice for {name}"
+            helped.add(name)
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert kind in ("gauge", "counter") and name not in declared and name in helped
+            declared[name] = kind
+        else:
+            match = SAMPLE.match(line)
+            assert match, f"not a valid sample line: {line!r}"
+            name = match["name"]
+            assert name in declared, f"sample of {name} before its TYPE line"
+            samples.setdefault(name, []).append((match["labels"] or "", float(match["value"])))
+    return samples
+
+
+def test_round_writes_the_promised_series(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    for i in range(3):
+        cluster.submit(JobSpec(f"j{i}", "cifar10"))
+    controller, _ = open_controller(config, store)
+    for _ in range(2):
+        run_round(config, cluster, store, controller, False)
+        cluster.advance(60.0)
+    path = config.state_dir / "metrics" / "sia.prom"
+    samples = parse(path.read_text())
+    assert samples["sia_round_index"] == [("", 1.0)]
+    assert samples["sia_round_seconds"][0][1] > 0
+    assert dict(samples["sia_jobs"])['phase="running"'] == 3
+    assert 'gpu_type="a100",state="total"' in dict(samples["sia_gpus"])
+    assert ('stage="policy"' not in dict(samples["sia_round_stage_seconds"])) and (
+        'stage="decide_policy"' in dict(samples["sia_round_stage_seconds"])
+    )
+    assert samples["sia_solve_seconds"][0][0] == 'status="optimal"'
+    totals = dict(samples["sia_actions_total"])
+    assert totals['kind="start",result="done"'] == 3
+    assert samples["sia_actions_pending"] == [("", 0.0)]
+    assert not [p for p in path.parent.iterdir() if p.name != "sia.prom"], "temporary files left"
+
+
+def test_labels_and_help_are_escaped(tmp_path: Path) -> None:
+    metric = Metric("sia_test", "help with \\ and\nnewline", "gauge").add(1.5, job='a"b\\c\nd')
+    text = render([metric])
+    assert "# HELP sia_test help with \\\\ and\\nnewline" in text
+    assert 'sia_test{job="a\\"b\\\\c\\nd"} 1.5' in text
+    parse(text)
+    path = write_textfile(tmp_path / "metrics", [metric])
+    assert path.read_text() == text and oct(path.stat().st_mode & 0o777) == "0o644"

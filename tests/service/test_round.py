@@ -1,0 +1,206 @@
+"""One service round against the fake cluster: journal, apply, mark, reconcile, dry run."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+from sia_slurm.cluster import Action, ActionResult, ClusterSnapshot, Start
+from sia_slurm.config import SiaConfig
+from sia_slurm.protocol import JobSpec
+from sia_slurm.service import open_controller, reconcile, run_round
+from sia_slurm.state import DONE, FAILED, PENDING, SKIPPED, Journal, Store
+from tests.service.fakes import FakeCluster
+
+
+def submit(cluster: FakeCluster, count: int, app: str = "cifar10") -> list[str]:
+    ids = [f"job{i}" for i in range(count)]
+    for sia_id in ids:
+        cluster.submit(JobSpec(sia_id, app, submit_time=cluster.time))
+    return ids
+
+
+def one_round(config: SiaConfig, backend: object, store: Store, dry_run: bool = False):  # type: ignore[no-untyped-def]
+    controller, _ = open_controller(config, store)
+    return run_round(config, backend, store, controller, dry_run)  # type: ignore[arg-type]
+
+
+def test_round_journals_applies_and_marks(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    ids = submit(cluster, 3)
+    report = one_round(config, cluster, store)
+    assert report.round_index == 0 and not report.error
+    assert [type(a) for a in report.actions] == [Start, Start, Start]
+    assert all(r.ok for r in report.results)
+    entries = Journal(store).entries()
+    assert [(e.kind, e.state, e.attempts) for e in entries] == [("start", DONE, 1)] * 3
+    assert {e.sia_id for e in entries} == set(ids)
+    assert all(cluster.jobs[i].phase == "starting" for i in ids)
+    assert set(store.decisions(0)) == set(ids)
+    last = store.last_round()
+    assert last is not None and last.jobs_by_phase == {"pending": 3}
+    assert sum(c["allocated"] for c in last.gpus.values()) == sum(
+        a.config.gpus for a in report.actions
+    )  # type: ignore[attr-defined]
+    assert (config.state_dir / "metrics" / "sia.prom").exists()
+    rows = {row.sia_id: row for row in store.jobs()}
+    assert rows["job0"].phase_history == [[0.0, "pending"]] and rows["job0"].remembered
+
+
+class Inspecting:
+    """Wraps the fake cluster; inside ``apply`` it reads the journal through a second
+    connection, which sees only committed data."""
+
+    def __init__(self, inner: FakeCluster, db: Path) -> None:
+        self.inner, self.db, self.seen = inner, db, []  # type: ignore[var-annotated]
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self.inner.snapshot()
+
+    def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
+        with sqlite3.connect(self.db) as other:
+            self.seen = other.execute("SELECT sia_id, kind, state FROM actions").fetchall()
+        return self.inner.apply(actions)
+
+
+def test_actions_are_committed_before_they_are_issued(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    ids = submit(cluster, 2)
+    backend = Inspecting(cluster, config.db_path)
+    one_round(config, backend, store)
+    assert sorted(backend.seen) == [(i, "start", PENDING) for i in ids]
+    assert {e.state for e in Journal(store).entries()} == {DONE}
+
+
+def test_dry_run_changes_nothing(config: SiaConfig, store: Store, cluster: FakeCluster) -> None:
+    submit(cluster, 2)
+    before = cluster.path.read_text()  # type: ignore[union-attr]
+    report = one_round(config, cluster, store, dry_run=True)
+    assert report.actions and report.results == ()
+    assert cluster.path.read_text() == before  # type: ignore[union-attr]
+    cluster._load()
+    assert cluster.apply_calls == 0
+    assert {e.state for e in Journal(store).entries()} == {SKIPPED}
+    assert store.last_round().dry_run  # type: ignore[union-attr]
+    prom = (config.state_dir / "metrics" / "sia.prom").read_text()
+    assert "sia_dry_run 1" in prom and 'result="dry-run"' in prom
+
+
+def test_failed_apply_stays_pending_and_is_reapplied_once(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    ids = submit(cluster, 3)
+    broken = FakeCluster(cluster.path, raise_after=1)
+    report = one_round(config, broken, store)
+    assert report.error.startswith("apply failed: RuntimeError")
+    assert [e.state for e in Journal(store).entries()] == [PENDING] * 3
+    cluster._load()
+    assert sum(job.launches for job in cluster.jobs.values()) == 1  # one got through
+    report = one_round(config, cluster, store)
+    assert report.reconcile.reapplied == 3 and report.reconcile.failed == 0
+    assert not Journal(store).pending()
+    assert [cluster.jobs[i].launches for i in ids] == [1, 1, 1]
+    assert [cluster.jobs[i].restarts for i in ids] == [0, 0, 0]
+
+
+def test_reconcile_fails_actions_of_vanished_jobs(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    submit(cluster, 2)
+    report = one_round(config, FakeCluster(cluster.path, raise_after=0), store)
+    assert report.error
+    cluster._load()
+    del cluster.jobs["job1"]  # removed from the cluster while the controller was down
+    cluster._save()
+    result = reconcile(store, cluster, dry_run=False)
+    assert (result.reapplied, result.failed) == (1, 1)
+    states = {e.sia_id: (e.state, e.message) for e in Journal(store).entries()}
+    assert states["job0"][0] == DONE
+    assert states["job1"][0] == FAILED and "job gone" in states["job1"][1]
+
+
+def test_dry_run_leaves_earlier_pending_actions_alone(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    submit(cluster, 1)
+    one_round(config, FakeCluster(cluster.path, raise_after=0), store)
+    report = one_round(config, cluster, store, dry_run=True)
+    assert report.reconcile.left_pending == 1
+    assert any(e.state == PENDING for e in Journal(store).entries())
+    cluster._load()
+    assert cluster.jobs["job0"].launches == 0
+
+
+class Forgetful(FakeCluster):
+    """Answers only the first action of each apply (a buggy backend)."""
+
+    def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
+        return super().apply(actions)[:1]
+
+
+def test_unanswered_actions_stay_pending(config: SiaConfig, store: Store, tmp_path: Path) -> None:
+    cluster = Forgetful(tmp_path / "cluster.json")
+    submit(cluster, 2)
+    report = one_round(config, cluster, store)
+    assert "answered 1 of 2" in report.error
+    assert sorted(e.state for e in Journal(store).entries()) == [DONE, PENDING]
+
+
+def test_log_lines_one_per_decision_and_action(
+    config: SiaConfig, store: Store, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    from sia_slurm.service import configure_logging
+
+    log = tmp_path / "controller.log"
+    handler = configure_logging(log)
+    try:
+        submit(cluster, 2)
+        one_round(config, cluster, store)
+    finally:
+        handler.close()
+        import logging
+
+        logging.getLogger("sia_slurm").removeHandler(handler)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    decisions = [e for e in events if e.get("event") == "decision"]
+    actions = [e for e in events if e.get("event") == "action"]
+    assert len(decisions) == 2 and len(actions) == 2
+    assert {e["job"] for e in actions} == {"job0", "job1"}
+    assert all(e["result"] == "done" and e["round"] == 0 and e["kind"] == "start" for e in actions)
+    assert all(e["message"].startswith("[round=0 job=") for e in decisions + actions)
+    assert next(e for e in events if e.get("event") == "round")["actions"] == 2
+
+
+def test_repeated_reports_are_ingested_once(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    """A backend process remembers which reports it handed on only while it lives; under
+    --once each round's backend hands the latest report of every job on again."""
+    submit(cluster, 1)
+    one_round(config, cluster, store)
+    cluster.advance(60.0)
+    same = cluster.snapshot()
+    assert len(same.reports) == 1
+    for _ in range(3):
+        controller, _ = open_controller(config, store)
+        run_round(config, Fixed(same, cluster), store, controller, False)  # type: ignore[arg-type]
+    controller, _ = open_controller(config, store)
+    assert controller.jobs["job0"].reports == 1
+    assert store.conn.execute("SELECT COUNT(*) FROM reports").fetchone()[0] == 1
+
+
+class Fixed:
+    """Always the same snapshot; actions go to ``inner``."""
+
+    def __init__(self, snapshot: ClusterSnapshot, inner: FakeCluster) -> None:
+        self.fixed, self.inner = snapshot, inner
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self.fixed
+
+    def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
+        return self.inner.apply(actions)

@@ -1,0 +1,279 @@
+"""A small fake Slurm for the backend's unit tests, and a managed-job submitter for the live ones.
+
+:class:`FakeSlurm` is a :class:`~sia_slurm.slurm.runner.CommandRunner` that answers the exact
+commands the backend issues from an in-memory job table, with the 22.05 behaviours the backend
+relies on (a requeued job reports the node count of its last allocation; a requeue bumps the
+restart count and holds). Every argv is recorded, so tests assert command sequences. Jobs
+acknowledge stop requests when signalled (like tests/slurm/protocol_job.py), unless told not to.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sia_slurm.devcluster import DevCluster
+from sia_slurm.protocol import JobSpec, StatePaths, StopRequest, read_document, write_document
+from sia_slurm.slurm.runner import CommandError, CommandResult, SubprocessRunner
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+PROTOCOL_JOB = Path(__file__).resolve().parent / "protocol_job.py"
+
+
+class FakeClock:
+    """Time that moves only when someone sleeps."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.time = start
+        self.on_sleep: Callable[[float], None] = lambda now: None
+
+    def now(self) -> float:
+        return self.time
+
+    def sleep(self, seconds: float) -> None:
+        self.time += max(seconds, 0.001)
+        self.on_sleep(self.time)
+
+
+@dataclass
+class FakeSlurm:
+    """An in-memory Slurm answering the backend's commands."""
+
+    paths: StatePaths
+    clock: FakeClock
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[list[str]] = field(default_factory=list)
+    nodes_text: str = (FIXTURES / "show-node.txt").read_text()
+    reservations_text: str = "No reservations in the system\n"
+    ack_delay_s: dict[str, float] = field(default_factory=dict)  # sia id -> seconds; inf: never
+    ignore_fields: set[str] = field(default_factory=set)  # update fields that do not take
+    on_release: Callable[[str], None] = lambda job_id: None
+    _signalled: dict[str, float] = field(default_factory=dict)
+    _next_id: int = 100
+
+    def __post_init__(self) -> None:
+        self.clock.on_sleep = self._tick
+
+    # ---- building the table -----------------------------------------------------------------
+
+    def submit(
+        self, sia_id: str | None, partition: str = "t4", gpus: int = 1, *, held: bool = True
+    ) -> str:
+        """A job as sia-sbatch submits it (held), or an unmanaged one (``sia_id`` None)."""
+        job_id = str(self._next_id)
+        self._next_id += 1
+        self.jobs[job_id] = {
+            "job_id": int(job_id),
+            "name": "job",
+            "job_state": "PENDING",
+            "state_reason": "JobHeldUser" if held else "Priority",
+            "priority": 0 if held else 1,
+            "comment": f"sia-slurm:{sia_id}" if sia_id else "",
+            "partition": partition,
+            "nodes": "",
+            "node_count": 1,
+            "tasks": 1,
+            "cpus": 1,
+            "tres_per_node": f"gres:gpu:{gpus}",
+            "gres_detail": [],
+            "required_nodes": "",
+            "restart_cnt": 0,
+            "submit_time": self.clock.now(),
+            "start_time": 0,
+            "end_time": 0,
+            "user_id": 0,
+            "group_id": 0,
+            "current_working_directory": "/tmp",
+            "standard_output": "/tmp/out",
+        }
+        if sia_id is not None and not self.paths.spec(sia_id).exists():
+            write_document(self.paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+        return job_id
+
+    def start(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Slurm starts the job on ``nodes`` (with its requested GPUs per node)."""
+        job = self.jobs[job_id]
+        per_node = int(job["tres_per_node"].rsplit(":", 1)[1])
+        job.update(
+            job_state="RUNNING",
+            state_reason="None",
+            priority=1,
+            nodes=",".join(nodes),
+            node_count=len(nodes),
+            gres_detail=[f"gpu:{per_node}(IDX:0-{per_node - 1})" for _ in nodes],
+            start_time=self.clock.now(),
+        )
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.jobs[job_id]
+
+    def verbs(self) -> list[str]:
+        """The commands issued, as short strings (``squeue``, ``scontrol update``...)."""
+        return [" ".join(argv[:2]) if argv[0] == "scontrol" else argv[0] for argv in self.calls]
+
+    # ---- the runner ---------------------------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
+        argv = list(argv)
+        self.calls.append(argv)
+        try:
+            stdout = self._answer(argv)
+        except KeyError as exc:
+            if check:
+                raise CommandError(argv, 1, f"Invalid job id specified {exc}") from None
+            return CommandResult(tuple(argv), 1, "", "Invalid job id specified")
+        return CommandResult(tuple(argv), 0, stdout, "")
+
+    def _answer(self, argv: list[str]) -> str:
+        command = shlex.join(argv)
+        if argv[0] == "squeue":
+            return json.dumps({"jobs": list(self.jobs.values()), "errors": []})
+        if argv[:3] == ["scontrol", "-o", "show"]:
+            return self.nodes_text if argv[3] == "node" else self.reservations_text
+        if argv[:2] == ["scancel", "--batch"]:
+            for job_id in argv[3:]:
+                self.jobs[job_id]
+                self._signalled[job_id] = self.clock.now()
+            self._tick(self.clock.now())
+            return ""
+        if argv[0] == "scancel":
+            for job_id in argv[1:]:
+                self.jobs[job_id].update(job_state="CANCELLED", gres_detail=[])
+            return ""
+        if argv[0] == "sbatch":
+            return self._sbatch(argv)
+        verb = argv[1]
+        if verb == "update":
+            return self._update(argv[2:])
+        if verb == "write":
+            return "#!/bin/bash\nexec true\n"
+        for job_id in argv[2].split(","):
+            job = self.jobs[job_id]
+            if verb == "requeuehold":
+                job.update(
+                    job_state="PENDING",
+                    state_reason="JobHeldAdmin",
+                    priority=0,
+                    nodes="",
+                    gres_detail=[],
+                    restart_cnt=job["restart_cnt"] + 1,
+                )
+            elif verb == "hold":
+                job.update(priority=0, state_reason="JobHeldAdmin")
+            elif verb == "release":
+                job.update(priority=1, state_reason="None")
+                self.on_release(job_id)
+            else:
+                raise AssertionError(f"unexpected command {command}")
+        return ""
+
+    def _update(self, fields: list[str]) -> str:
+        values = dict(f.split("=", 1) for f in fields)
+        for job_id in values.pop("JobId").split(","):
+            job = self.jobs[job_id]
+            for key, value in values.items():
+                if key in self.ignore_fields:
+                    continue
+                if key == "Partition":
+                    job["partition"] = value
+                elif key == "TresPerNode":
+                    job["tres_per_node"] = value
+                elif key == "NumNodes" and job["restart_cnt"] == 0:
+                    job["node_count"] = int(value.split("-")[0])  # 22.05: stale once it ran
+                elif key == "NumTasks":
+                    job["tasks"] = int(value)
+                elif key == "NumCPUs":
+                    job["cpus"] = int(value)
+                elif key == "ReqNodeList":
+                    job["required_nodes"] = value
+                elif key == "StartTime":
+                    job["begin_now"] = True
+        return ""
+
+    def _sbatch(self, argv: list[str]) -> str:
+        options = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        job_id = self.submit(None, options["partition"], int(options["gpus-per-node"]))
+        nodes = int(options["nodes"].split("-")[0])
+        self.jobs[job_id].update(
+            comment=options["comment"],
+            node_count=nodes,
+            tasks=int(options["ntasks"]),
+            required_nodes=options["nodelist"],
+        )
+        return f"{job_id}\n"
+
+    def _tick(self, now: float) -> None:
+        """Signalled jobs acknowledge their stop request after their delay."""
+        for job_id, since in list(self._signalled.items()):
+            sia_id = self.jobs[job_id]["comment"].split(":", 1)[1]
+            if now - since >= self.ack_delay_s.get(sia_id, 0.0):
+                request = read_document(StopRequest, self.paths.stop_request(sia_id))
+                self.paths.ack(sia_id, request.round_index).write_text("")
+                del self._signalled[job_id]
+
+
+@pytest.fixture
+def state_paths(tmp_path: Path) -> StatePaths:
+    return StatePaths(tmp_path / "state")
+
+
+@pytest.fixture
+def fake_slurm(state_paths: StatePaths) -> FakeSlurm:
+    return FakeSlurm(state_paths, FakeClock())
+
+
+# ------------------------------------------------------------------------------------------------
+# Live: submit managed jobs to the dev cluster as sia-sbatch does.
+
+
+@dataclass
+class LiveSubmitter:
+    cluster: DevCluster
+    paths: StatePaths
+    runner: SubprocessRunner
+
+    def submit(self, sia_id: str, partition: str = "t4", gpus: int = 1, steps: int = 0) -> str:
+        write_document(
+            self.paths.spec(sia_id),
+            JobSpec(sia_id=sia_id, app="cifar10", checkpoint_dir=str(self.paths.job_dir(sia_id))),
+        )
+        script = self.paths.job_dir(sia_id) / "job.sh"
+        extra = f" --steps {steps}" if steps else ""
+        script.write_text(
+            "#!/bin/bash\n"
+            f"exec {sys.executable} {PROTOCOL_JOB} --state-dir {self.paths.state_dir} "
+            f"--sia-id {sia_id}{extra}\n"
+        )
+        out = self.runner.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--hold",
+                "--requeue",
+                "--open-mode=append",
+                f"--gpus-per-node={gpus}",
+                f"--partition={partition}",
+                f"--comment=sia-slurm:{sia_id}",
+                f"--output={self.paths.job_dir(sia_id) / 'out.txt'}",
+                str(script),
+            ]
+        ).stdout
+        return out.strip().split(";")[0]
+
+    def events(self, sia_id: str) -> list[dict[str, Any]]:
+        path = self.paths.job_dir(sia_id) / "events.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def live_submitter(dev_cluster: DevCluster, tmp_path: Path) -> LiveSubmitter:
+    return LiveSubmitter(dev_cluster, StatePaths(tmp_path / "state"), dev_cluster.runner())

@@ -1,0 +1,415 @@
+"""SlurmBackend against captured 22.05 output (snapshot) and a fake Slurm (apply): phases,
+capacity, exact command sequences, overlapping checkpoint waits, and idempotent replays."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sia_slurm.cluster import BatchChoice, JobPhase, Move, Rebatch, Start, Stop
+from sia_slurm.core import Configuration
+from sia_slurm.policy.base import NodeShare
+from sia_slurm.protocol import (
+    Assignment,
+    JobSpec,
+    MetricsReport,
+    StatePaths,
+    StopRequest,
+    read_document,
+    write_document,
+)
+from sia_slurm.slurm.backend import SlurmBackend
+from sia_slurm.slurm.runner import CommandResult
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+BATCH = BatchChoice(32, 32, 0)
+
+
+def make_config(state_dir: Path, timeout_s: float = 30.0) -> Any:
+    from sia_slurm.config import parse_config
+
+    return parse_config(
+        f"state_dir: {state_dir}\npartitions:\n"
+        "  a100: {gpu_type: a100, gpus_per_node: 4}\n"
+        "  rtx: {gpu_type: rtx, gpus_per_node: 4}\n"
+        "  t4: {gpu_type: t4, gpus_per_node: 4}\n"
+        f"restart: {{checkpoint_timeout_s: {timeout_s}}}\n"
+    )
+
+
+class FixtureRunner:
+    """Answers the three observation commands with captured output."""
+
+    def __init__(self, squeue: str, nodes: str, reservations: str) -> None:
+        self.outputs = {"squeue": squeue, "node": nodes, "reservation": reservations}
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: list[str], *, check: bool = True) -> CommandResult:
+        self.calls.append(list(argv))
+        key = "squeue" if argv[0] == "squeue" else argv[3]
+        return CommandResult(tuple(argv), 0, self.outputs[key], "")
+
+
+def report(sia_id: str, time: float, **changes: Any) -> MetricsReport:
+    values: dict[str, Any] = dict(
+        sia_id=sia_id,
+        time=time,
+        gpu_type="a100",
+        nodes=1,
+        gpus=2,
+        local_bsz=32,
+        accum_steps=0,
+        step_time=0.2,
+        sync_time=0.02,
+        grad_sqr=1.0,
+        grad_var=2.0,
+    )
+    values.update(changes)
+    return MetricsReport(**values)
+
+
+@pytest.fixture
+def captured(tmp_path: Path) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
+    paths = StatePaths(tmp_path / "state")
+    for sia_id in ("pend-1", "run-1", "requeued-1", "done-1", "failed-1"):
+        write_document(paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+    runner = FixtureRunner(
+        (FIXTURES / "squeue-mixed.json").read_text(),
+        (FIXTURES / "show-node-drained.txt").read_text(),
+        (FIXTURES / "show-reservation.txt").read_text(),
+    )
+    backend = SlurmBackend(make_config(paths.state_dir), runner)
+    return backend, runner, paths
+
+
+def test_snapshot_of_captured_cluster(captured: Any) -> None:
+    backend, runner, _ = captured
+    snapshot = backend.snapshot()
+    assert [c[0] for c in runner.calls] == ["scontrol", "scontrol", "squeue"]  # 3 commands
+    usable = {
+        node.name: (node.gpu_type, node.total_gpus, node.usable_gpus) for node in snapshot.nodes
+    }
+    assert usable == {
+        "a100-1": ("a100", 4, 4),  # a managed job runs here: its GPUs stay usable
+        "a100-2": ("a100", 4, 0),  # in an active reservation
+        "rtx-1": ("rtx", 4, 1),  # the unmanaged 2-node job holds 3 GPUs on each
+        "rtx-2": ("rtx", 4, 1),
+        "t4-1": ("t4", 4, 4),
+        "t4-2": ("t4", 4, 0),  # drained
+    }
+    jobs = {job.sia_id: job for job in snapshot.jobs}
+    assert sorted(jobs) == ["done-1", "failed-1", "pend-1", "requeued-1", "run-1"]
+    assert jobs["pend-1"].phase is JobPhase.PENDING and jobs["pend-1"].slurm_job_id == "13"
+    run = jobs["run-1"]
+    assert run.phase is JobPhase.RUNNING  # no assignment: not started by sia-slurm
+    assert run.config == Configuration("a100", 1, 2)
+    assert run.placement == (NodeShare("a100-1", 2),)
+    assert jobs["requeued-1"].phase is JobPhase.PENDING and jobs["requeued-1"].restarts == 1
+    assert jobs["done-1"].phase is JobPhase.DONE and jobs["done-1"].finish_time
+    assert jobs["failed-1"].phase is JobPhase.FAILED
+    assert snapshot.rejected == ()  # finished jobs without files are old news, not errors
+
+
+def test_starting_until_the_first_report_since_start(captured: Any) -> None:
+    backend, _, paths = captured
+    write_document(
+        paths.assignment("run-1"),
+        Assignment("run-1", 3, "a100", "a100", 1, 2, ("a100-1",), 64, 32, 0, slurm_job_id="14"),
+    )
+    snapshot = backend.snapshot()
+    run = next(job for job in snapshot.jobs if job.sia_id == "run-1")
+    assert run.phase is JobPhase.STARTING and run.batch == BatchChoice(64, 32, 0)
+    start = 1795336149.0  # the job's start_time in the fixture
+    write_document(paths.metrics("run-1"), report("run-1", start - 30))  # from before
+    snapshot = backend.snapshot()
+    assert next(j for j in snapshot.jobs if j.sia_id == "run-1").phase is JobPhase.STARTING
+    assert [r.time for r in snapshot.reports] == [start - 30]
+    write_document(paths.metrics("run-1"), report("run-1", start + 5))
+    snapshot = backend.snapshot()
+    assert next(j for j in snapshot.jobs if j.sia_id == "run-1").phase is JobPhase.RUNNING
+    assert [r.time for r in snapshot.reports] == [start + 5]
+    assert backend.snapshot().reports == ()  # each report once
+
+
+def test_bad_metrics_files_are_rejected_once_and_never_crash(captured: Any) -> None:
+    backend, _, paths = captured
+    paths.spool_dir.mkdir(parents=True)
+    good = report("run-1", 100.0)
+    write_document(paths.metrics("run-1"), good)
+    (paths.spool_dir / "pend-1.json").write_text("{not json")
+    (paths.spool_dir / "ghost.json").write_text(json.dumps({"sia_id": "ghost"}))
+    payload = json.loads(Path(paths.metrics("run-1")).read_text())
+    (paths.spool_dir / "requeued-1.json").write_text(json.dumps({**payload, "sia_id": "other"}))
+    (paths.spool_dir / "done-1.json").write_text(
+        json.dumps({**payload, "sia_id": "done-1", "step_time": "fast"})
+    )
+    (paths.spool_dir / "failed-1.json").write_text(
+        json.dumps({**payload, "sia_id": "failed-1", "gpu_type": "h100"})
+    )
+    (paths.spool_dir / ".run-1.json.tmp").write_text("partial")  # an atomic writer's temp file
+    snapshot = backend.snapshot()
+    assert [r.sia_id for r in snapshot.reports] == ["run-1"]
+    text = "\n".join(snapshot.rejected)
+    assert "pend-1.json: not valid JSON" in text
+    assert "ghost.json: no managed job 'ghost' in Slurm" in text
+    assert "requeued-1.json: sia_id: 'other' does not match the file name" in text
+    assert "done-1.json: step_time: expected float, got 'fast'" in text
+    assert "failed-1.json: gpu_type: 'h100' is not a configured GPU type" in text
+    assert len(snapshot.rejected) == 5
+    assert backend.snapshot().rejected == ()  # unchanged files are not reported again
+    (paths.spool_dir / "pend-1.json").write_text("x" * 70_000)
+    assert backend.snapshot().rejected == (
+        f"{paths.spool_dir / 'pend-1.json'}: larger than 65536 bytes",
+    )
+
+
+def test_metrics_from_another_user_are_rejected(captured: Any) -> None:
+    backend, _, paths = captured
+    write_document(paths.spec("run-1"), JobSpec(sia_id="run-1", app="cifar10", owner_uid=4242))
+    write_document(paths.metrics("run-1"), report("run-1", 100.0))
+    snapshot = backend.snapshot()
+    assert snapshot.reports == ()
+    assert "owned by uid 0, but job run-1 belongs to uid 4242" in snapshot.rejected[0]
+
+
+def test_bad_spec_is_reported_and_the_job_left_out(captured: Any) -> None:
+    backend, _, paths = captured
+    paths.spec("pend-1").write_text(json.dumps({"sia_id": "pend-1", "app": 3}))
+    snapshot = backend.snapshot()
+    assert "pend-1" not in {job.sia_id for job in snapshot.jobs}
+    assert "job pend-1: not scheduled:" in snapshot.rejected[0]
+    assert "app: expected str, got 3" in snapshot.rejected[0]
+    assert backend.snapshot().rejected == ()
+
+
+# ------------------------------------------------------------------------------------------------
+# apply, on the fake Slurm
+
+
+def backend_for(fake: Any, timeout_s: float = 30.0, **options: Any) -> SlurmBackend:
+    config = make_config(fake.paths.state_dir, timeout_s)
+    return SlurmBackend(config, fake, fake.clock, **options)
+
+
+def start(
+    sia_id: str, gpu_type: str, nodes: list[str], per_node: int, round_index: int = 1
+) -> Start:
+    config = Configuration(gpu_type, len(nodes), per_node * len(nodes))
+    batch = BatchChoice(32 * config.gpus, 32, 0)
+    return Start(sia_id, round_index, config, tuple(NodeShare(n, per_node) for n in nodes), batch)
+
+
+def move(sia_id: str, gpu_type: str, nodes: list[str], per_node: int, round_index: int) -> Move:
+    s = start(sia_id, gpu_type, nodes, per_node, round_index)
+    return Move(sia_id, round_index, s.config, s.placement, s.batch)
+
+
+def test_start_writes_the_assignment_before_release(fake_slurm: Any) -> None:
+    job_id = fake_slurm.submit("a")
+    seen: list[Assignment] = []
+    fake_slurm.on_release = lambda _: seen.append(
+        read_document(Assignment, fake_slurm.paths.assignment("a"))
+    )
+    (result,) = backend_for(fake_slurm).apply([start("a", "rtx", ["rtx-2"], 2)])
+    assert result.ok, result.message
+    assert fake_slurm.calls[1:3] == [
+        [
+            "scontrol",
+            "update",
+            f"JobId={job_id}",
+            "Partition=rtx",
+            "TresPerNode=gres:gpu:2",
+            "NumNodes=1-1",
+            "NumTasks=1",
+            "NumCPUs=1",
+            "ReqNodeList=rtx-2",
+        ],
+        ["squeue", "--json", "--all", "--states=all"],  # read back
+    ]
+    assert fake_slurm.calls[3] == ["scontrol", "release", job_id]
+    assert len(fake_slurm.calls) == 4  # never ran: no StartTime=now
+    (assignment,) = seen
+    assert (assignment.partition, assignment.gpus, assignment.node_list) == ("rtx", 2, ("rtx-2",))
+    assert (assignment.round_index, assignment.slurm_job_id, assignment.restarts) == (1, job_id, 0)
+
+
+def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> None:
+    job_id = fake_slurm.submit("a")
+    backend = backend_for(fake_slurm)
+    assert backend.apply([start("a", "t4", ["t4-1"], 1)])[0].ok
+    fake_slurm.start(job_id, ["t4-1"])
+    fake_slurm.calls.clear()
+    fake_slurm.on_release = lambda _: (
+        None if not fake_slurm.paths.stop_request("a").exists() else pytest.fail("stop.json left")
+    )
+    (result,) = backend.apply([move("a", "a100", ["a100-1", "a100-2"], 2, round_index=2)])
+    assert result.ok, result.message
+    assert result.details["checkpoint"].startswith("acknowledged")
+    assert fake_slurm.verbs() == [
+        "squeue",
+        "scancel",  # --batch --signal=USR1
+        "scontrol requeuehold",
+        "squeue",  # until PENDING
+        "squeue",  # fresh view for the start half
+        "scontrol update",
+        "squeue",  # read back
+        "scontrol release",
+        "scontrol update",  # StartTime=now: a requeued job waits cred_expire otherwise
+    ]
+    assert fake_slurm.calls[1] == ["scancel", "--batch", "--signal=USR1", job_id]
+    assert "NumNodes=2-2" in fake_slurm.calls[5] and "NumCPUs=2" in fake_slurm.calls[5]
+    assert fake_slurm.calls[-1] == ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
+    assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
+    assert (assignment.nodes, assignment.gpus, assignment.restarts) == (2, 4, 1)
+    assert not fake_slurm.paths.stop_request("a").exists()
+    assert not fake_slurm.paths.ack("a", 2).exists()
+
+    fake_slurm.start(job_id, ["a100-1", "a100-2"])
+    fake_slurm.calls.clear()
+    (again,) = backend.apply([move("a", "a100", ["a100-1", "a100-2"], 2, round_index=2)])
+    assert again.ok and "already moved" in again.message
+    assert fake_slurm.verbs() == ["squeue"]  # a replay of a finished move changes nothing
+
+
+def test_stops_signal_together_and_wait_together(fake_slurm: Any) -> None:
+    ids = [fake_slurm.submit(name) for name in ("a", "b", "c")]
+    for job_id, node in zip(ids, ["t4-1", "t4-2", "rtx-1"], strict=True):
+        fake_slurm.start(job_id, [node])
+    fake_slurm.ack_delay_s.update(a=10.0, b=10.0, c=float("inf"))
+    backend = backend_for(fake_slurm, timeout_s=30.0)
+    before = fake_slurm.clock.now()
+    results = backend.apply([Stop("a", 5), Stop("b", 5), Stop("c", 5)])
+    assert all(r.ok for r in results), [r.message for r in results]
+    assert fake_slurm.calls[1] == ["scancel", "--batch", "--signal=USR1", *ids]
+    assert [r.details["checkpoint"].split(" ")[0] for r in results] == [
+        "acknowledged",
+        "acknowledged",
+        "timed",
+    ]
+    assert "no acknowledgement within 30 s" in results[2].details["checkpoint"]
+    waited = fake_slurm.clock.now() - before
+    assert 30.0 <= waited < 32.0  # one shared wait, not 10 + 10 + 30
+    requeues = [c for c in fake_slurm.calls if c[:2] == ["scontrol", "requeuehold"]]
+    assert requeues == [["scontrol", "requeuehold", ",".join(ids)]]
+    assert all(fake_slurm.job(i)["priority"] == 0 for i in ids)
+    assert not any(fake_slurm.paths.stop_request(s).exists() for s in "abc")
+
+
+def test_stop_after_a_crash_completes_it(fake_slurm: Any) -> None:
+    """Crash after requeuehold: the replayed Stop neither signals nor requeues again."""
+    job_id = fake_slurm.submit("a")
+    fake_slurm.start(job_id, ["t4-1"])
+    backend = backend_for(fake_slurm)
+    fake_slurm.run(["scontrol", "requeuehold", job_id])  # what the crashed round did
+    fake_slurm.calls.clear()
+    (result,) = backend.apply([Stop("a", 7)])
+    assert result.ok and fake_slurm.verbs() == ["squeue"]
+    assert fake_slurm.job(job_id)["restart_cnt"] == 1
+
+
+def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -> None:
+    job_id = fake_slurm.submit("a")
+    backend = backend_for(fake_slurm)
+    write_document(fake_slurm.paths.stop_request("a"), StopRequest("a", 3))
+    fake_slurm.job(job_id).update(job_state="COMPLETED", priority=1, state_reason="None")
+    (result,) = backend.apply([start("a", "t4", ["t4-2"], 1, round_index=4)])
+    assert result.ok, result.message
+    assert ["scontrol", "requeuehold", job_id] in fake_slurm.calls
+    assert fake_slurm.calls[-1] == ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
+    assert read_document(Assignment, fake_slurm.paths.assignment("a")).restarts == 1
+
+
+def test_an_update_that_does_not_take_fails_the_action(fake_slurm: Any) -> None:
+    fake_slurm.submit("a")
+    fake_slurm.ignore_fields.add("Partition")
+    (result,) = backend_for(fake_slurm).apply([start("a", "a100", ["a100-1"], 4)])
+    assert not result.ok
+    assert "exited 0 but did not take: Partition=t4 (wanted a100)" in result.message
+    assert not fake_slurm.paths.assignment("a").exists()
+    assert not any(c[:2] == ["scontrol", "release"] for c in fake_slurm.calls)
+
+
+def test_shrink_by_resubmission_keeps_the_sia_id(fake_slurm: Any) -> None:
+    old = fake_slurm.submit("a", "a100", 2)
+    backend = backend_for(fake_slurm, resubmit_shrinks=True)
+    assert backend.apply([start("a", "a100", ["a100-1", "a100-2"], 2)])[0].ok
+    fake_slurm.start(old, ["a100-1", "a100-2"])
+    (result,) = backend.apply([move("a", "t4", ["t4-1"], 1, round_index=2)])
+    assert result.ok, result.message
+    new = result.details["slurm_job_id"]
+    assert new != old and fake_slurm.job(old)["job_state"] == "CANCELLED"
+    sbatch = next(c for c in fake_slurm.calls if c[0] == "sbatch")
+    assert "--comment=sia-slurm:a" in sbatch and "--hold" in sbatch and "--nodes=1-1" in sbatch
+    assert sbatch[-1] == str(fake_slurm.paths.job_dir("a") / "batch-script")
+    assert (fake_slurm.paths.job_dir("a") / "batch-script").read_text().startswith("#!")
+    record = json.loads((fake_slurm.paths.job_dir("a") / "slurm.json").read_text())
+    assert record == {"slurm_job_id": new, "restart_base": 1, "superseded": [old]}
+    assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
+    assert (assignment.slurm_job_id, assignment.restarts) == (new, 1)
+    fake_slurm.start(new, ["t4-1"])
+    (job,) = [j for j in backend.snapshot().jobs if j.sia_id == "a"]
+    assert (job.slurm_job_id, job.restarts, job.phase) == (new, 1, JobPhase.STARTING)
+
+
+def test_orphan_of_an_interrupted_resubmission_is_cancelled(fake_slurm: Any) -> None:
+    current = fake_slurm.submit("a")
+    orphan = fake_slurm.submit("a")  # sbatch ran, the record was never written
+    backend = backend_for(fake_slurm)
+    (job,) = backend.snapshot().jobs
+    assert job.slurm_job_id == current
+    backend.apply([Rebatch("b-unknown", 1, BATCH)])
+    assert ["scancel", orphan] in fake_slurm.calls
+    assert fake_slurm.job(current)["job_state"] == "PENDING"
+
+
+def test_rebatch_rewrites_only_the_assignment(fake_slurm: Any) -> None:
+    job_id = fake_slurm.submit("a")
+    backend = backend_for(fake_slurm)
+    backend.apply([start("a", "rtx", ["rtx-1"], 2)])
+    fake_slurm.start(job_id, ["rtx-1"])
+    fake_slurm.calls.clear()
+    (result,) = backend.apply([Rebatch("a", 2, BatchChoice(128, 32, 1))])
+    assert result.ok and fake_slurm.verbs() == ["squeue"]
+    assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
+    assert (assignment.round_index, assignment.batch_size, assignment.accum_steps) == (2, 128, 1)
+    assert assignment.node_list == ("rtx-1",)
+    stale = backend.apply([Rebatch("a", 1, BatchChoice(64, 32, 0))])[0]
+    assert not stale.ok and "superseded by the assignment of round 2" in stale.message
+    bad = backend.apply([Rebatch("a", 3, BatchChoice(100, 32, 0))])[0]
+    assert not bad.ok and "batch_size" in bad.message
+
+
+def test_one_bad_action_does_not_stop_the_others(fake_slurm: Any) -> None:
+    fake_slurm.submit("a")
+    results = backend_for(fake_slurm).apply(
+        [
+            start("ghost", "t4", ["t4-1"], 1),
+            start("a", "t4", ["t4-1", "t4-2"], 1),  # 2 nodes x 1 GPU: fine
+            Start("a", 1, Configuration("h100", 1, 1), (NodeShare("h1", 1),), BATCH),
+        ]
+    )
+    assert [r.ok for r in results] == [False, True, False]
+    assert "no Slurm job carries this sia id" in results[0].message
+    assert "GPU type 'h100' has no configured partition" in results[2].message
+
+
+def test_released_job_reads_starting_until_slurm_starts_it(fake_slurm: Any) -> None:
+    """A job released onto its assignment is not re-decided each round while Slurm starts it,
+    but one Slurm has not started within the grace period is pending again."""
+    fake_slurm.submit("a")
+    backend = backend_for(fake_slurm)
+    (result,) = backend.apply([start("a", "rtx", ["rtx-1", "rtx-2"], 2)])
+    assert result.ok, result.message
+    (job,) = backend.snapshot().jobs
+    assert job.phase is JobPhase.STARTING
+    assert job.config == Configuration("rtx", 2, 4)
+    assert [(s.node, s.gpus) for s in job.placement] == [("rtx-1", 2), ("rtx-2", 2)]
+    old = time.time() - 10 * backend.config.round_seconds
+    os.utime(fake_slurm.paths.assignment("a"), (old, old))
+    (job,) = backend.snapshot().jobs
+    assert job.phase is JobPhase.PENDING and job.config is None

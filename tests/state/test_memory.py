@@ -1,0 +1,130 @@
+"""The controller's memory in the database: pickled allocations, stored reports, fallbacks."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+from sia_slurm import __version__
+from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
+from sia_slurm.controller import Controller, EstimatorFactory
+from sia_slurm.core import Configuration
+from sia_slurm.policy.base import Allocation, JobAllocation, NodeShare, NodeView, SolveInfo
+from sia_slurm.policy.gavel import GavelState
+from sia_slurm.policy.pollux import PolluxState
+from sia_slurm.policy.registry import make_policy
+from sia_slurm.protocol import JobSpec, MetricsReport
+from sia_slurm.state import Store, load_memory, save_memory
+from sia_slurm.state.memory import dump_allocation, load_allocation
+
+NODES = (NodeView("a100-1", "a100", 4, 4), NodeView("t4-1", "t4", 4, 4))
+
+
+def allocation(state: object) -> Allocation:
+    share = JobAllocation(Configuration("a100", 1, 2), 256, 128, 0, 1234.5)
+    return Allocation(
+        {"j1": share}, 60.0, 7, state, SolveInfo("optimal", 0.01), {"j1": (NodeShare("a100-1", 2),)}
+    )
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        GavelState(MappingProxyType({"j1": MappingProxyType({"a100": 60.0})}), 0.0),
+        PolluxState(("j1",), ("a100-1", "t4-1"), np.array([[2, 0]])),
+    ],
+    ids=["none", "gavel", "pollux"],
+)
+def test_allocation_round_trips(state: object) -> None:
+    original = allocation(state)
+    loaded = load_allocation(dump_allocation(original))
+    assert loaded.jobs == original.jobs and loaded.node_hints == original.node_hints
+    assert (loaded.time, loaded.round_index, loaded.info) == (60.0, 7, original.info)
+    if isinstance(state, PolluxState):
+        assert isinstance(loaded.state, PolluxState)
+        assert np.array_equal(loaded.state.replicas, state.replicas)
+    else:
+        assert loaded.state == state
+
+
+def test_unpickler_refuses_foreign_callables() -> None:
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+        load_allocation(pickle.dumps(os.system))
+    with pytest.raises(pickle.UnpicklingError, match="expected an Allocation"):
+        load_allocation(pickle.dumps({"not": "an allocation"}))
+
+
+def report(sia_id: str, step: float, local_bsz: int = 128) -> MetricsReport:
+    return MetricsReport(sia_id, 0.0, "t4", 1, 1, local_bsz, 0, step, 0.0, 1.0, 4.0)
+
+
+def remembered_controller(
+    factory: EstimatorFactory, store: Store, policy: str = "gavel"
+) -> Controller:
+    controller = Controller(make_policy(policy), factory)
+    jobs = (JobSnapshot(JobSpec("j1", "cifar10"), JobPhase.PENDING),)
+    snapshot = ClusterSnapshot(0.0, NODES, jobs)
+    controller.round(snapshot)
+    with store.transaction():
+        store.record_jobs(snapshot)
+        save_memory(store, controller, policy, [], 0, 0.0)
+    return controller
+
+
+def test_reports_are_capped_per_shape(factory: EstimatorFactory, store: Store) -> None:
+    controller = remembered_controller(factory, store)
+    reports = [report("j1", 0.3 + i / 100) for i in range(10)] + [report("j1", 0.5, 64)]
+    reports.append(report("stranger", 0.3))
+    with store.transaction():
+        save_memory(store, controller, "gavel", reports, 1, 1.0, keep_per_shape=4)
+    rows = store.conn.execute("SELECT shape, report FROM reports ORDER BY id").fetchall()
+    shapes = [row["shape"] for row in rows]
+    assert shapes == ["t4/1/1/128"] * 4 + ["t4/1/1/64"]
+    assert '"step_time": 0.39' in rows[3]["report"], "the newest reports are kept"
+    controller.jobs.clear()  # the job finished: its reports go
+    with store.transaction():
+        save_memory(store, controller, "gavel", [], 2, 2.0)
+    assert store.conn.execute("SELECT COUNT(*) FROM reports").fetchone()[0] == 0
+
+
+def restore_note(factory: EstimatorFactory, store: Store, policy: str = "gavel") -> str:
+    controller, notes = load_memory(store, make_policy(policy), policy, factory)
+    assert controller.previous is None and controller.round_index == 1
+    (note,) = notes
+    return f"{note.what}: {note.reason}"
+
+
+def test_changed_policy_or_version_starts_fresh(factory: EstimatorFactory, store: Store) -> None:
+    remembered_controller(factory, store)
+    restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
+    assert notes == [] and restored.previous is not None and set(restored.jobs) == {"j1"}
+    assert "saved by policy 'gavel', the configured policy is 'sia'" in restore_note(
+        factory, store, "sia"
+    )
+    store.conn.execute("UPDATE controller SET sia_version = '0.0.1'")
+    assert f"saved by sia-slurm 0.0.1, this is {__version__}" in restore_note(factory, store)
+    store.conn.execute(
+        "UPDATE controller SET sia_version = ?, allocation = ?", (__version__, b"junk")
+    )
+    assert "previous allocation: cannot be loaded (UnpicklingError" in restore_note(factory, store)
+
+
+def test_database_writable_by_others_is_not_unpickled(
+    factory: EstimatorFactory, store: Store
+) -> None:
+    remembered_controller(factory, store)
+    os.chmod(store.path, 0o666)
+    assert "writable by group or others (chmod 600 it)" in restore_note(factory, store)
+
+
+def test_unreadable_job_spec_leaves_the_job_out(factory: EstimatorFactory, store: Store) -> None:
+    remembered_controller(factory, store)
+    store.conn.execute('UPDATE jobs SET spec = \'{"sia_id": "j1", "app": 7}\'')
+    controller, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
+    assert controller.jobs == {}
+    assert len(notes) == 1 and "jobs.j1.spec: app: expected str, got 7" in notes[0].reason
