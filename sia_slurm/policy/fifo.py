@@ -1,9 +1,9 @@
 """FIFO: what a Slurm site does without sia-slurm (reference section 5).
 
 Jobs start in arrival order at their requested size on the first GPU type (in the cluster's
-order) with room, and are never preempted or resized. Without backfill a job that does not fit
-blocks the ones behind it, as Slurm's main scheduler does; with ``backfill`` later jobs may
-start in the gaps.
+order) with room on its nodes (:class:`~sia_slurm.policy.ledger.NodeLedger`), and are never
+preempted or resized. Without backfill a job that does not fit blocks the ones behind it, as
+Slurm's main scheduler does; with ``backfill`` later jobs may start in the gaps.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sia_slurm.policy.base import (
     allocation_from_row,
 )
 from sia_slurm.policy.configs import shape_for
+from sia_slurm.policy.ledger import NodeLedger
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,13 @@ class FifoPolicy:
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()
         cluster = policy_input.cluster
-        free = {name: view.capacity for name, view in cluster.types.items()}
+        ledger = NodeLedger(cluster)
         chosen: dict[str, Configuration] = {}
         waiting = []
         for job in policy_input.jobs:
             current = job.current
-            if current is not None and current.gpus <= free.get(current.gpu_type, -1):
+            if current is not None and ledger.take(current, job.placement) is not None:
                 chosen[job.job_id] = current
-                free[current.gpu_type] -= current.gpus
             else:
                 waiting.append(job)
         for job in sorted(waiting, key=lambda j: (j.submit_time, j.job_id)):
@@ -57,9 +57,8 @@ class FifoPolicy:
             for gpu_type in types:
                 view = cluster.types.get(gpu_type)
                 shape = None if view is None else shape_for(view, job.requested_gpus)
-                if shape is not None and shape.gpus <= free[gpu_type]:
+                if shape is not None and ledger.take(shape) is not None:
                     chosen[job.job_id] = shape
-                    free[gpu_type] -= shape.gpus
                     break
             else:
                 if not self.config.backfill:

@@ -4,8 +4,10 @@ Jobs run at their requested GPU count and batch size. A linear program over ``X[
 (fraction of time each job should spend on each type) expresses the objective, and a round-based
 mechanism realises it: every ``round_duration`` seconds jobs are ranked by
 ``priority = X[job, type] / fraction of its time received on that type`` and started greedily,
-one type per job, keeping a job on its previous type when priorities tie. Between rounds the
-previous allocation stands. The time each job received per type is the policy's explicit state.
+one type per job, keeping a job on its previous type when priorities tie; a job starts only if
+its shape fits on the type's nodes (:class:`~sia_slurm.policy.ledger.NodeLedger`). Between
+rounds the previous allocation stands. The time each job received per type is the policy's
+explicit state.
 
 Objectives (throughputs are normalised per job by its throughput under an equal time share of
 every type it can use, so the job's units and its GPU count cancel):
@@ -38,6 +40,7 @@ from sia_slurm.policy.base import (
     allocation_from_row,
 )
 from sia_slurm.policy.configs import shape_for
+from sia_slurm.policy.ledger import NodeLedger
 
 logger = logging.getLogger(__name__)
 
@@ -194,14 +197,13 @@ class GavelPolicy:
             if policy_input.jobs
             else np.zeros((0, len(capacity)))
         )
-        free = capacity.copy()
+        ledger = NodeLedger(cluster)
         jobs: dict[str, JobAllocation] = {}
         for m, j in priority_order(policy_input, targets, received):
             job = policy_input.jobs[m]
             shape = shapes[m][j]
-            if job.job_id in jobs or shape is None or shape.gpus > free[j]:
+            if job.job_id in jobs or shape is None or ledger.take(shape, job.placement) is None:
                 continue
-            free[j] -= shape.gpus
             index = sum(s is not None for s in shapes[m][:j])
             jobs[job.job_id] = allocation_from_row(shape, rows[m], index)
         return self.allocation(policy_input, jobs, received, policy_input.now, started)

@@ -8,8 +8,9 @@ Rules (reference section 4, "Placement after allocation"):
 - a policy's own node choice (``Allocation.node_hints``, from Pollux) is used when it fits;
 - the other jobs are packed fullest-node-first (best fit), larger shapes first;
 - when fragmentation leaves no room, the fewest movable jobs (lowest goodput first) are evicted
-  from the best candidate nodes and placed again; a job evicted once is not evicted again, so
-  the procedure ends. Pinned and restoring jobs are never evicted.
+  from the best candidate nodes and placed again, as one transaction: if the job or any victim
+  then finds no room, nothing moves and the job is left unplaced. A job evicted once is not
+  evicted again. Pinned and restoring jobs are never evicted.
 
 Only the GPUs each node offers to managed jobs (``NodeView.usable_gpus``) are used, so nodes that
 are down, drained or busy with unmanaged jobs are respected.
@@ -144,6 +145,44 @@ def eviction_plan(
     return evict or None
 
 
+def evict_and_place(
+    state: _State,
+    job_id: str,
+    config: Configuration,
+    victims: list[str],
+    allocation: Allocation,
+) -> bool:
+    """Evict ``victims``, place the job, then re-place every victim elsewhere, all or nothing.
+
+    Eviction is a transaction: if the job or any victim finds no room afterwards, every share
+    is restored and nothing moves. Without this a victim that no longer fits would evict
+    others in turn, and the cascade could leave the job unplaced while jobs swap nodes (and
+    pay a restart) every round.
+    """
+    before = {victim: state.assignments[victim] for victim in victims}
+    for victim in victims:
+        state.release(victim)
+    shares = best_fit(state, config)
+    if shares is not None:
+        state.take(job_id, shares)
+        placed: list[str] = []
+        order = sorted(victims, key=lambda v: (-allocation.jobs[v].config.gpus, v))
+        for victim in order:
+            again = best_fit(state, allocation.jobs[victim].config)
+            if again is None:
+                break
+            state.take(victim, again)
+            placed.append(victim)
+        if len(placed) == len(victims):
+            return True
+        for victim in placed:
+            state.release(victim)
+        state.release(job_id)
+    for victim, original in before.items():
+        state.take(victim, original)
+    return False
+
+
 def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView]) -> Placement:
     """Place every allocated job on nodes; see the module docstring for the rules."""
     views = {job.job_id: job for job in jobs}
@@ -174,34 +213,28 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
         config = allocation.jobs[job_id].config
         return (job_id not in allocation.node_hints, -config.nodes, -config.gpus, job_id)
 
-    queue = sorted(pending, key=size)
-    while queue:
-        job_id = queue.pop(0)
+    for job_id in sorted(pending, key=size):
         config = allocation.jobs[job_id].config
         hint = allocation.node_hints.get(job_id)
-        shares = hinted(state, config, hint) if hint and job_id not in evicted else None
+        shares = hinted(state, config, hint) if hint else None
         shares = shares or best_fit(state, config)
-        if shares is None:
-            movable = {
-                j: allocation.jobs[j].goodput
-                for j in state.assignments
-                if j not in fixed and j not in evicted
-            }
-            victims = eviction_plan(state, config, movable)
-            if victims is not None:
-                for victim in victims:
-                    state.release(victim)
-                    evicted.append(victim)
-                shares = best_fit(state, config)
-                queue = sorted(queue + victims, key=size)
-        if shares is None:
-            logger.warning(
-                "[round=%d job=%s] no room for %s; left unplaced",
-                allocation.round_index,
-                job_id,
-                config,
-            )
-            unplaced.append(job_id)
-        else:
+        if shares is not None:
             state.take(job_id, shares)
+            continue
+        movable = {
+            j: allocation.jobs[j].goodput
+            for j in state.assignments
+            if j not in fixed and j not in evicted
+        }
+        victims = eviction_plan(state, config, movable)
+        if victims is not None and evict_and_place(state, job_id, config, victims, allocation):
+            evicted.extend(victims)
+            continue
+        logger.warning(
+            "[round=%d job=%s] no room for %s; left unplaced",
+            allocation.round_index,
+            job_id,
+            config,
+        )
+        unplaced.append(job_id)
     return Placement(state.assignments, tuple(unplaced), tuple(evicted))

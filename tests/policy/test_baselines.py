@@ -53,6 +53,23 @@ def test_fifo_blocks_behind_a_job_that_does_not_fit_unless_backfilling():
     assert set(backfill.jobs) == {"run", "small"}
 
 
+def test_fifo_and_gavel_grant_only_shapes_that_fit_on_nodes():
+    """Three 4-GPU nodes with one GPU busy on each: 9 GPUs are free, but no two whole nodes, so
+    an 8-GPU (2 x 4) job must wait instead of being granted GPUs placement cannot give."""
+    cluster = make_cluster([("A", 3, 4)])
+    one = Configuration("A", 1, 1)
+    small = tuple(
+        rigid(f"s{i}", 1, {"A": 1}, current=one, placement=(NodeShare(f"A-{i}", 1),))
+        for i in range(3)
+    )
+    jobs = (*small, rigid("big", 8, {"A": 1}, submit_time=1))
+    fifo = FifoPolicy().solve(PolicyInput(cluster, jobs))
+    assert set(fifo.jobs) == {"s0", "s1", "s2"}
+    gavel = GavelPolicy().solve(PolicyInput(cluster, jobs, now=0.0))
+    assert "big" not in gavel.jobs or len(gavel.jobs) <= 2  # never all four: no room for that
+    assert place(cluster, gavel, jobs).unplaced == ()
+
+
 # Gavel
 
 

@@ -144,6 +144,26 @@ def test_fragmentation_evicts_the_lowest_goodput_job_and_moves_it():
     assert placement.assignments["c"] == (NodeShare("A-1", 4),)
 
 
+def test_an_eviction_that_strands_a_victim_moves_nothing():
+    """Evicting ``b`` would make room for ``c`` but leave ``b`` nowhere to go: nothing moves,
+    ``c`` waits (no cascade of evictions, no job pays a restart for nothing)."""
+    cluster = make_cluster([("A", 2, 4)])
+    three = Configuration("A", 1, 3)
+    views = [
+        JobView("a", JobKind.ADAPTIVE, ESTIMATOR, current=three, placement=(NodeShare("A-0", 3),)),
+        JobView("b", JobKind.ADAPTIVE, ESTIMATOR, current=three, placement=(NodeShare("A-1", 3),)),
+    ]
+    allocation = Allocation(
+        {"a": share(three, 5.0), "b": share(three, 1.0), "c": share(Configuration("A", 1, 4))}
+    )
+    placement = place(cluster, allocation, views)
+    assert_valid(cluster, allocation, placement)
+    assert placement.unplaced == ("c",)
+    assert placement.moved == ()
+    assert placement.assignments["a"] == (NodeShare("A-0", 3),)
+    assert placement.assignments["b"] == (NodeShare("A-1", 3),)
+
+
 def test_pinned_jobs_are_not_evicted():
     cluster = make_cluster([("A", 2, 4)])
     half = Configuration("A", 1, 2)
