@@ -10,16 +10,37 @@ app's profile says one micro-batch of that size takes on the assigned GPU type
 profiled hardware; the all-reduce is the real one. It says so in its log, and it is not a
 benchmark of anything.
 
+When is it done? ``--progress`` chooses (``auto``, the default, is ``efficiency`` for an app with
+validation traces in ``data/traces/`` and ``raw`` for any other, e.g. a test profile):
+
+* ``raw`` (the original behaviour): after ``--epochs`` passes over ``--dataset-size`` samples,
+  whatever the batch size; the metrics carry the linear regression's gradient statistics.
+* ``efficiency``: like a simulated job (``sia_slurm/sim/progress.py``), it counts
+  *M0-equivalent samples*: each optimizer step at batch ``M`` adds ``M0 x gain`` with the
+  app's TRUE gradient statistics at its progress (``AppGradStats``, the validation file of the
+  batch nearest ``M``), ``scale = M / M0``, M0 the app's. A job that grows its batch therefore
+  needs more raw samples, as the real app would. It is done after ``--target-samples``
+  M0-equivalent samples (default ``--epochs x --dataset-size``); the statistics are read at the
+  same *fraction* of the app's whole training (``max_epochs`` x samples per epoch), so a
+  shortened job still goes through the app's whole statistical trajectory, exactly as the
+  simulator's time compression does (progress k times faster towards the full target). Its
+  metrics report those trace statistics, normalised to the job's M0 as the simulator's are,
+  instead of the toy model's, so the controller sees the app's noise scale. The toy model still
+  trains (and scales its learning rate) on its own statistics.
+
     sia-sbatch --app cifar10 -- python -m launcher.examples.emulated --epochs 50
 """
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import logging
+import math
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,8 +48,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from launcher.elastic import ElasticTrainer, JobEnvironment
+from launcher.elastic import ElasticTrainer, JobEnvironment, Step
+from launcher.elastic.metrics import MetricsReporter
+from launcher.elastic.noise import GradientNoise
 from launcher.examples.common import SampleLog, parser, setup
+from sia_slurm.model.efficiency import GradientStats
 from sia_slurm.model.profile import (
     GPU_TYPES_FILE,
     AppProfile,
@@ -36,9 +60,15 @@ from sia_slurm.model.profile import (
     load_app_profile,
     load_gpu_types,
 )
+from sia_slurm.protocol import MetricsReport
+from sia_slurm.sim.apps import default_traces_dir
+from sia_slurm.sim.gradstats import AppGradStats, GradStatsError
+from sia_slurm.sim.progress import true_gain
 
 logger = logging.getLogger("launcher.examples.emulated")
 FEATURES = 16
+PROGRESS_MODES = ("auto", "efficiency", "raw")
+USER_STATE_KEY = "m0_progress"  # the checkpointed app progress (M0-equivalent samples)
 
 
 class ProfileTimeError(ValueError):
@@ -83,6 +113,125 @@ def make_dataset(size: int, seed: int) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
+class ProgressModeError(ValueError):
+    """``--progress efficiency`` asked for an app without validation traces, or a bad target."""
+
+
+@dataclass
+class EfficiencyProgress:
+    """A job's progress in the app's M0-equivalent samples, as the simulator counts it.
+
+    ``app_progress`` runs from 0 to the app's ``completion_samples`` (its ``max_epochs`` of
+    M0-equivalent samples); each optimizer step adds ``compression x M0 x gain``, so a job whose
+    target is ``completion_samples / compression`` finishes after the same trajectory in the
+    app's statistics as a simulated job whose progress runs ``compression`` times faster. The
+    gain of a step is taken at its midpoint (the rule of :func:`sia_slurm.sim.progress.integrate`,
+    with one optimizer step as the sub-step).
+    """
+
+    stats: AppGradStats
+    compression: float = 1.0
+    app_progress: float = 0.0
+
+    @classmethod
+    def for_target(cls, stats: AppGradStats, target_samples: float) -> EfficiencyProgress:
+        """Done after ``target_samples`` M0-equivalent samples of this job."""
+        if not (math.isfinite(target_samples) and target_samples > 0):
+            raise ProgressModeError(
+                f"--target-samples: expected a positive number, got {target_samples!r}"
+            )
+        return cls(stats, compression=stats.completion_samples / target_samples)
+
+    @property
+    def target(self) -> float:
+        """The app progress at which the job is done (the simulator's completion target)."""
+        return self.stats.completion_samples
+
+    @property
+    def done(self) -> bool:
+        return self.app_progress >= self.target
+
+    @property
+    def job_progress(self) -> float:
+        """M0-equivalent samples of this (compressed) job: ``app_progress / compression``."""
+        return self.app_progress / self.compression
+
+    def gain(self, batch_size: float, app_progress: float) -> float:
+        """The app's true AdaScale gain at ``batch_size`` and ``app_progress``."""
+        grad_sqr, grad_var = self.stats.at(batch_size, app_progress)
+        scale = batch_size / self.stats.init_batch_size
+        return float(true_gain(grad_sqr, grad_var, scale))
+
+    def step(self, batch_size: float) -> float:
+        """Account one optimizer step at ``batch_size``; returns the progress it added."""
+        per_gain = self.compression * self.stats.init_batch_size
+        first = self.gain(batch_size, self.app_progress)
+        added = per_gain * self.gain(batch_size, self.app_progress + 0.5 * per_gain * first)
+        self.app_progress += added
+        return added
+
+    def statistics(self, batch_size: float, job_init_batch_size: float) -> GradientStats:
+        """The app's statistics now, normalised to the job's M0 (what the simulator reports)."""
+        return self.stats.stats(batch_size, self.app_progress, init_batch_size=job_init_batch_size)
+
+
+class _ReportedNoise(GradientNoise):
+    """The statistics a report carries: fixed values instead of the toy model's estimates."""
+
+    def __init__(self, init_batch_size: int, stats: GradientStats):
+        super().__init__(init_batch_size)
+        self._fixed = stats
+
+    @property
+    def grad_sqr(self) -> float:
+        return self._fixed.grad_sqr
+
+    @property
+    def grad_var(self) -> float:
+        return self._fixed.grad_var
+
+
+class TraceStatsReporter(MetricsReporter):
+    """Writes the usual metrics report, with ``grad_sqr``/``grad_var`` from ``statistics``
+    (the app's trace statistics) instead of the trainer's measured ones."""
+
+    def __init__(self, env: JobEnvironment, statistics: Callable[[], GradientStats]):
+        super().__init__(env)
+        self._statistics = statistics
+
+    def report(
+        self,
+        *,
+        steps: int,
+        local_bsz: int,
+        accum_steps: int,
+        round_index: int,
+        noise: GradientNoise,
+    ) -> MetricsReport | None:
+        reported = _ReportedNoise(noise.init_batch_size, self._statistics())
+        return super().report(
+            steps=steps,
+            local_bsz=local_bsz,
+            accum_steps=accum_steps,
+            round_index=round_index,
+            noise=reported,
+        )
+
+
+def efficiency_progress(mode: str, app: str, target_samples: float) -> EfficiencyProgress | None:
+    """The progress accounting ``--progress`` asks for; ``None`` means raw epochs."""
+    if mode == "raw":
+        return None
+    try:
+        stats = AppGradStats.load(default_traces_dir(), app)
+    except GradStatsError as exc:
+        if mode == "auto":
+            logger.info("app %s has no validation traces (%s): counting raw epochs", app, exc)
+            return None
+        raise ProgressModeError(f"--progress efficiency: app {app!r}: {exc}") from None
+    return EfficiencyProgress.for_target(stats, target_samples)
+
+
 def train(argv: list[str] | None = None) -> None:
     options = parser(__doc__.splitlines()[0], epochs=20, dataset_size=4096, lr=0.02)
     options.add_argument(
@@ -90,11 +239,32 @@ def train(argv: list[str] | None = None) -> None:
     )
     options.add_argument("--app", default="cifar10", help="with --local: the profiled app")
     options.add_argument("--profile-type", default="t4", help="with --local: the GPU type")
+    options.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="when the job is done: raw epochs, or M0-equivalent samples with the app's "
+        "statistical efficiency (auto: efficiency if the app has traces; see the module doc)",
+    )
+    options.add_argument(
+        "--target-samples",
+        type=float,
+        default=None,
+        help="with efficiency progress: M0-equivalent samples to train "
+        "(default: --epochs x --dataset-size)",
+    )
     args = options.parse_args(argv)
     env = setup(args)
     if args.local is not None:
         env = replace(env, app=args.app, profile_gpu_type=args.profile_type)
     profile = load_job_profile(env)
+    target = args.target_samples
+    if target is None:
+        target = float(args.epochs * args.dataset_size)
+    try:
+        progress = efficiency_progress(args.progress, env.app, target)
+    except ProgressModeError as exc:
+        options.error(str(exc))
     model = nn.Linear(FEATURES, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     trainer = ElasticTrainer(
@@ -110,21 +280,77 @@ def train(argv: list[str] | None = None) -> None:
         env.profile_gpu_type,
         args.time_scale,
     )
+    if progress is None:
+        run_raw_epochs(trainer, args, profile, env)
+    else:
+        logger.info(
+            "EMULATED progress: done after %g M0-equivalent samples (app %s: %g samples x "
+            "compression %g), statistical efficiency from its traces",
+            target,
+            progress.stats.app,
+            progress.target,
+            progress.compression,
+        )
+        run_to_target(trainer, args, profile, env, progress)
+
+
+def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float) -> float:
+    """Train one step's micro-batches, each lasting ``target_s``; returns the mean loss."""
+    losses = []
+    for inputs, targets in step.micro_batches():
+        started = time.perf_counter()
+        loss = F.mse_loss(trainer.model(inputs).squeeze(1), targets)
+        step.backward(loss)
+        losses.append(loss.item())
+        time.sleep(max(0.0, target_s - (time.perf_counter() - started)))
+    step.finish()
+    return sum(losses) / max(len(losses), 1)
+
+
+def run_raw_epochs(
+    trainer: ElasticTrainer, args: argparse.Namespace, profile: AppProfile, env: JobEnvironment
+) -> None:
+    """The original mode: done after ``--epochs`` raw passes over the dataset."""
     log = SampleLog(args.sample_log, trainer.rank)
     for _epoch in trainer.epochs(args.epochs, max_steps=args.max_steps):
         for step in trainer.steps():
             target = args.time_scale * micro_batch_seconds(
                 profile, env.profile_gpu_type, trainer.batch.local_bsz
             )
-            losses = []
-            for inputs, targets in step.micro_batches():
-                started = time.perf_counter()
-                loss = F.mse_loss(model(inputs).squeeze(1), targets)
-                step.backward(loss)
-                losses.append(loss.item())
-                time.sleep(max(0.0, target - (time.perf_counter() - started)))
-            step.finish()
-            log.write(trainer, step, sum(losses) / max(len(losses), 1), emulated_s=target)
+            loss = emulated_step(trainer, step, target)
+            log.write(trainer, step, loss, emulated_s=target)
+
+
+def run_to_target(
+    trainer: ElasticTrainer,
+    args: argparse.Namespace,
+    profile: AppProfile,
+    env: JobEnvironment,
+    progress: EfficiencyProgress,
+) -> None:
+    """Efficiency mode: train until the app progress reaches its target. Every rank accounts
+    the same steps at the same batch, so all agree on the last step without communicating;
+    the progress is checkpointed with the trainer's user state."""
+    log = SampleLog(args.sample_log, trainer.rank)
+    trainer.reporter = TraceStatsReporter(
+        env,
+        lambda: progress.statistics(trainer.batch.batch_size, env.init_batch_size),
+    )
+    for _epoch in trainer.epochs(sys.maxsize, max_steps=args.max_steps):
+        progress.app_progress = float(trainer.user_state.get(USER_STATE_KEY, 0.0))
+        if progress.done:  # restored from the checkpoint of the last step
+            trainer.max_steps = trainer.step
+        for step in trainer.steps():
+            batch_size = trainer.batch.batch_size  # finish() may adopt the next round's batch
+            target = args.time_scale * micro_batch_seconds(
+                profile, env.profile_gpu_type, trainer.batch.local_bsz
+            )
+            loss = emulated_step(trainer, step, target)
+            progress.step(batch_size)
+            trainer.user_state[USER_STATE_KEY] = progress.app_progress
+            if progress.done:
+                trainer.max_steps = trainer.step  # steps() ends, epochs() completes the job
+            log.write(trainer, step, loss, emulated_s=target, m0_progress=progress.job_progress)
 
 
 def main() -> None:

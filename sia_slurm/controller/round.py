@@ -137,10 +137,12 @@ class Controller:
         rejected = list(snapshot.rejected)
         live: list[JobSnapshot] = []
         seen: set[str] = set()
+        finished: set[str] = set()
         for job in snapshot.jobs:
             seen.add(job.sia_id)
             if job.phase.finished:
                 self.jobs.pop(job.sia_id, None)
+                finished.add(job.sia_id)
                 continue
             record = self.jobs.get(job.sia_id)
             if record is None:
@@ -156,6 +158,8 @@ class Controller:
         for gone in set(self.jobs) - seen:  # vanished from the cluster without finishing
             del self.jobs[gone]
         for report in snapshot.reports:
+            if report.sia_id in finished:
+                continue  # a finished job's last report: nothing left to decide with it
             rejected.extend(self._ingest(report))
         return live, rejected
 

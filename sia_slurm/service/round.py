@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from sia_slurm.cluster import Action, ActionResult, ClusterBackend, ClusterSnapshot
 from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
+from sia_slurm.protocol import MetricsReport
 from sia_slurm.service.logs import log_action, log_decision, log_event
 from sia_slurm.service.metrics import RoundMetrics, metrics_of, write_textfile
 from sia_slurm.state import PENDING, SKIPPED, Journal, Store, action_kind, save_memory
@@ -43,11 +44,16 @@ PRUNE_EVERY = 60  # rounds between prunings of old history
 
 @dataclass(frozen=True)
 class ReconcileReport:
-    """What became of the journal's ``pending`` entries at the start of a round."""
+    """What became of the journal's ``pending`` entries at the start of a round.
+
+    ``reports`` are the metrics reports of the snapshot reconcile took: a backend hands each
+    report on once, so the round's own snapshot would not see them again; the round adds them
+    to its snapshot rather than lose them."""
 
     reapplied: int = 0
     failed: int = 0
     left_pending: int = 0  # dry run: reported, not touched
+    reports: tuple[MetricsReport, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,11 @@ def run_round(
     timings["reconcile_s"] = time.perf_counter() - started
 
     mark = time.perf_counter()
-    snapshot = only_new_reports(backend.snapshot(), controller)
+    snapshot = backend.snapshot()
+    if reconciled.reports:
+        reports = (*reconciled.reports, *snapshot.reports)
+        snapshot = dataclasses.replace(snapshot, reports=reports)
+    snapshot = only_new_reports(snapshot, controller)
     timings["snapshot_s"] = time.perf_counter() - mark
     for message in snapshot.rejected:
         logger.warning("[round=%d] rejected input: %s", controller.round_index, message)
@@ -264,6 +274,7 @@ def reconcile(
             )
         return ReconcileReport(left_pending=len(pending))
     snapshot = backend.snapshot()
+    seen = snapshot.reports
     live = {job.sia_id for job in snapshot.jobs if not job.phase.finished}
     retry = []
     now = clock()
@@ -291,7 +302,7 @@ def reconcile(
                 recovered=True,
             )
     if not retry:
-        return ReconcileReport(failed=len(pending))
+        return ReconcileReport(failed=len(pending), reports=seen)
     actions = [entry.action for entry in retry if entry.action is not None]
     results = list(backend.apply(actions))
     settled = _match(actions, [entry.id for entry in retry], results)
@@ -307,7 +318,7 @@ def reconcile(
         )
     ok = sum(result.ok for _, result in settled)
     logger.info("reconciled %d pending action(s): %d re-applied", len(pending), ok)
-    return ReconcileReport(reapplied=ok, failed=len(pending) - ok)
+    return ReconcileReport(reapplied=ok, failed=len(pending) - ok, reports=seen)
 
 
 def _finish(

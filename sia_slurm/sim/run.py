@@ -48,12 +48,18 @@ class SimulationConfig:
     policy: str = "sia"
     round_length: float = 60.0
     seed: int = 0  # for policies with randomness (Pollux's genetic search)
+    params: object | None = None  # the policy's own config object; None: defaults with ``seed``
     max_time: float = 30 * DAY  # simulated seconds
     stall_rounds: int = 1440
     max_substep: float = DEFAULT_MAX_SUBSTEP
 
     def __post_init__(self) -> None:
-        config_type(self.policy)  # raises, listing the valid policies
+        params_type = config_type(self.policy)  # raises, listing the valid policies
+        if self.params is not None and not isinstance(self.params, params_type):
+            raise TypeError(
+                f"params: policy {self.policy!r} takes a {params_type.__name__}, "
+                f"got {type(self.params).__name__}"
+            )
         if not (math.isfinite(self.round_length) and self.round_length > 0):
             raise ValueError(f"round_length: expected seconds > 0, got {self.round_length!r}")
         if not self.max_time > 0 or self.stall_rounds < 1 or not self.max_substep > 0:
@@ -119,7 +125,8 @@ def policy_params(name: str, seed: int) -> object | None:
 
 def build_controller(inputs: SimulationInputs, config: SimulationConfig) -> Controller:
     """The production controller with the named policy and the site's profiles."""
-    policy = make_policy(config.policy, policy_params(config.policy, config.seed))
+    params = config.params or policy_params(config.policy, config.seed)
+    policy = make_policy(config.policy, params)
     return Controller(policy, EstimatorFactory(inputs.profiles, inputs.type_aliases))
 
 
@@ -244,6 +251,8 @@ def round_line(
             if not r.ok
         ],
         "decisions": dict(sorted(decisions.items())),
+        # Predicted goodput per job given GPUs (for the dashboard's job table; additive).
+        "goodput": {d.sia_id: round(d.goodput, 3) for d in outcome.decisions if d.goodput > 0},
         "finished": list(finished),
         "policy_status": outcome.allocation.info.status,
         "timings_ms": {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in outcome.timings.items()},

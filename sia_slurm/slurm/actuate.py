@@ -6,7 +6,9 @@ Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
   ``ack-<round>`` (up to ``restart.checkpoint_timeout_s``; then go on and say so),
   ``scontrol requeuehold``, wait until Slurm has taken the GPUs back (COMPLETING -> PENDING),
   remove ``stop.json``. The signal goes to every stopping job first, then all are awaited
-  together, so the waits overlap.
+  together, so the waits overlap. A job that exits 0 without an ack finished its training
+  instead: it is not requeued. Every stop half runs before any start half, so a move may take
+  GPUs that another move of the same call frees (tests/e2e checks it on real Slurm).
 * **Start** a pending job: ``scontrol hold`` (if released), ``scontrol update Partition=P
   TresPerNode=gres:gpu:K NumNodes=N-N NumTasks=N ReqNodeList=...``, read the job back (an
   update that exits 0 may not have taken), write ``assignment.json``, ``scontrol release``,
@@ -161,7 +163,9 @@ class Actuator:
                     to_hold.append((action, job))
                 book.note(action, "checkpoint", "job was not running")
             elif job.finished:
-                if self.paths.stop_request(action.sia_id).exists():
+                if self._completed_unasked(action.sia_id, job):
+                    self._settle_completed(action, job, book)
+                elif self.paths.stop_request(action.sia_id).exists():
                     to_requeue.append((action, job))
                     book.note(action, "checkpoint", f"job had ended ({job.state})")
                 else:
@@ -172,9 +176,12 @@ class Actuator:
         if running:
             ids = [job.job_id for _, job in running.values()]
             self._run_quiet(commands.signal_checkpoint(ids))
-            for sia_id, outcome in self._wait_for_acks(running).items():
+            outcomes, completed = self._wait_for_acks(running)
+            for sia_id, outcome in outcomes.items():
                 book.note(running[sia_id][0], "checkpoint", outcome)
-            to_requeue += running.values()
+            for sia_id, job in completed.items():
+                self._settle_completed(running[sia_id][0], job, book)
+            to_requeue += [entry for entry in running.values() if not book.done(entry[0])]
         failures = self._batched(commands.requeue_hold, [job.job_id for _, job in to_requeue])
         failures.update(self._batched(commands.hold, [job.job_id for _, job in to_hold]))
         for action, job in [*to_requeue, *to_hold]:
@@ -203,14 +210,19 @@ class Actuator:
         if existing is None or existing.round_index != action.round_index:
             write_document(path, StopRequest(action.sia_id, action.round_index, self.clock.now()))
 
-    def _wait_for_acks(self, running: dict[str, tuple[Stop | Move, SlurmJob]]) -> dict[str, str]:
-        """Wait for every job's ack together; say per job how its checkpoint went."""
+    def _wait_for_acks(
+        self, running: dict[str, tuple[Stop | Move, SlurmJob]]
+    ) -> tuple[dict[str, str], dict[str, SlurmJob]]:
+        """Wait for every job's ack together; say per job how its checkpoint went. Also
+        returns the jobs that completed their training instead of acknowledging (by sia id):
+        they must not be requeued."""
         timeout = self.config.restart.checkpoint_timeout_s
         start = self.clock.now()
         deadline = start + timeout
         last_check = start
         waiting = dict(running)
         outcome: dict[str, str] = {}
+        completed: dict[str, SlurmJob] = {}
         while True:
             for sia_id, (action, _) in list(waiting.items()):
                 if self.paths.ack(sia_id, action.round_index).exists():
@@ -218,12 +230,12 @@ class Actuator:
                     del waiting[sia_id]
             now = self.clock.now()
             if not waiting:
-                return outcome
+                return outcome, completed
             if now >= deadline:
                 for sia_id in waiting:
                     outcome[sia_id] = f"timed out: no acknowledgement within {timeout:g} s"
                     logger.warning("job %s: %s", sia_id, outcome[sia_id])
-                return outcome
+                return outcome, completed
             if now - last_check >= SLURM_POLL_S:
                 last_check = now
                 managed = self.observe().managed
@@ -231,10 +243,36 @@ class Actuator:
                     current = managed.get(sia_id)
                     if current is None or current.current.job_id != job.job_id:
                         continue
-                    if current.current.state == "PENDING" or current.current.finished:
-                        outcome[sia_id] = f"job ended ({current.current.state}) without an ack"
+                    ended = current.current
+                    if ended.state == "PENDING" or ended.finished:
+                        outcome[sia_id] = f"job ended ({ended.state}) without an ack"
+                        if self._completed_unasked(sia_id, ended):
+                            completed[sia_id] = ended
                         del waiting[sia_id]
             self.clock.sleep(min(ACK_POLL_S, max(deadline - now, 0.0)))
+
+    def _completed_unasked(self, sia_id: str, job: SlurmJob) -> bool:
+        """Whether ``job`` exited 0 without acknowledging the pending stop request: it finished
+        its training before it saw the request, and requeueing it would run it a second time."""
+        if job.state != "COMPLETED":
+            return False
+        path = self.paths.stop_request(sia_id)
+        try:
+            request = read_document(StopRequest, path) if path.exists() else None
+        except ProtocolError:
+            request = None
+        return request is None or not self.paths.ack(sia_id, request.round_index).exists()
+
+    def _settle_completed(self, action: Stop | Move, job: SlurmJob, book: _Round) -> None:
+        """A job that completed instead of stopping: nothing to requeue; a Stop is done, a
+        Move cannot be (the job has nothing left to run). The stop request goes, so the job
+        reads DONE from now on."""
+        self._clean_stop_files(action)
+        message = f"Slurm job {job.job_id} completed its training before it could be stopped"
+        if isinstance(action, Stop):
+            book.ok(action, message)
+        else:
+            book.fail(action, f"{message}; not moved")
 
     def _wait_until_pending(self, job_ids: list[str]) -> dict[str, str]:
         """Wait until requeued jobs are PENDING (their GPUs free); the ones still not, with
@@ -322,6 +360,10 @@ class Actuator:
         if job.finished:
             if not self.paths.stop_request(action.sia_id).exists():
                 raise ActuationError(f"Slurm job {job.job_id} has ended ({job.state})")
+            if self._completed_unasked(action.sia_id, job):
+                raise ActuationError(
+                    f"Slurm job {job.job_id} completed its training before it could be stopped"
+                )
             self._run(commands.requeue_hold([job.job_id]))
             if self._wait_until_pending([job.job_id]):
                 raise ActuationError(f"Slurm job {job.job_id} did not return to PENDING")

@@ -30,7 +30,7 @@ from sia_slurm.cluster import (
 from sia_slurm.config import SiaConfig
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare, NodeView
-from sia_slurm.protocol import Assignment, JobSpec, ProtocolError, StatePaths
+from sia_slurm.protocol import Assignment, JobSpec, ProtocolError, StatePaths, StopRequest
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.actuate import Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
@@ -188,12 +188,18 @@ class SlurmBackend:
         except ProtocolError as exc:
             rejected.append(f"job {sia_id}: assignment ignored: {exc}")
             assignment = None
+        stop_path = self.paths.stop_request(sia_id)
+        try:
+            stop = self.documents.read(StopRequest, stop_path)
+        except ProtocolError as exc:
+            rejected.append(f"job {sia_id}: stop request ignored: {exc}")
+            stop = None
         phase, message = job_phase(
             job,
             has_assignment=assignment is not None,
-            stop_requested=self.paths.stop_request(sia_id).exists(),
-            acked=assignment is not None
-            and self.paths.ack(sia_id, assignment.round_index).exists(),
+            stop_requested=stop_path.exists(),
+            # The ack answers the stop request's round (not the assignment's, which is older).
+            acked=stop is not None and self.paths.ack(sia_id, stop.round_index).exists(),
             latest_report=latest_report,
         )
         batch = _batch_of(assignment) if assignment is not None else None

@@ -113,6 +113,11 @@ def job_phase(
       (restoring its checkpoint); running and reporting, or running without an assignment
       (not started by sia-slurm) -> RUNNING;
     * COMPLETED -> DONE; any other end (failed, cancelled, timeout...) -> FAILED.
+
+    ``acked`` means the job acknowledged the pending stop request (``ack-<its round>``). A job
+    that ended *without* acknowledging it did not stop for the controller: one that exited 0
+    finished its training in the moment between the request and its next look at the control
+    files, and is DONE (requeueing it would run a finished job a second time).
     """
     if job.state == "PENDING":
         held = "held" if job.held else "released"
@@ -123,12 +128,12 @@ def job_phase(
         if has_assignment and (latest_report is None or latest_report < job.start_time):
             return JobPhase.STARTING, "started; no metrics report since its latest start"
         return JobPhase.RUNNING, "running"
-    if job.state == "COMPLETED" and stop_requested:
+    if job.state == "COMPLETED" and stop_requested and acked:
         return JobPhase.PENDING, "stopped for a move; exited before it was requeued"
     if job.state in _FAILED_STATES and stop_requested and acked:
         return JobPhase.PENDING, f"stopped after its checkpoint, then ended {job.state}"
     if job.state == "COMPLETED":
-        return JobPhase.DONE, "completed"
+        return JobPhase.DONE, "completed before it was stopped" if stop_requested else "completed"
     return JobPhase.FAILED, f"ended {job.state} (reason {job.reason})"
 
 

@@ -239,13 +239,30 @@ class LiveSubmitter:
     paths: StatePaths
     runner: SubprocessRunner
 
-    def submit(self, sia_id: str, partition: str = "t4", gpus: int = 1, steps: int = 0) -> str:
+    def submit(
+        self,
+        sia_id: str,
+        partition: str = "t4",
+        gpus: int = 1,
+        steps: int = 0,
+        *,
+        job_args: Sequence[str] = (),
+        **spec_fields: Any,
+    ) -> str:
+        """Submit held, as sia-sbatch does; ``job_args`` go to protocol_job.py, ``spec_fields``
+        to the job's :class:`JobSpec` (kind, max_gpus, restart_cost, submit_time...)."""
         write_document(
             self.paths.spec(sia_id),
-            JobSpec(sia_id=sia_id, app="cifar10", checkpoint_dir=str(self.paths.job_dir(sia_id))),
+            JobSpec(
+                sia_id=sia_id,
+                app="cifar10",
+                checkpoint_dir=str(self.paths.job_dir(sia_id)),
+                **spec_fields,
+            ),
         )
         script = self.paths.job_dir(sia_id) / "job.sh"
         extra = f" --steps {steps}" if steps else ""
+        extra += "".join(f" {shlex.quote(str(arg))}" for arg in job_args)
         script.write_text(
             "#!/bin/bash\n"
             f"exec {sys.executable} {PROTOCOL_JOB} --state-dir {self.paths.state_dir} "

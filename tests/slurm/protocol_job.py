@@ -8,8 +8,15 @@ Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protoc
   report to ``spool/<id>.json`` every 0.5 s;
 * adopts a rewritten assignment (a rebatch) without restarting;
 * on ``stop.json`` (polled; SIGUSR1 only wakes it up) checkpoints, writes ``ack-<round>``, and
-  idles until Slurm's SIGTERM (the requeue) or ``--linger`` seconds;
-* with ``--steps N`` exits 0 once the counter reaches N (training done).
+  idles until Slurm's SIGTERM (the requeue) or ``--linger`` seconds; a request not newer than
+  the assignment it started with is stale and ignored (``docs/protocol.md``); with
+  ``--ack-delay S`` the checkpoint takes S seconds (a slow job, for crash tests);
+* with ``--steps N`` exits 0 once the counter reaches N (training done), and with
+  ``--finish-file F`` once F exists (training done when the test says so);
+* reports a step time that falls with more GPUs (``0.1 + 0.4 / gpus``), or with
+  ``--seed-profile CSV`` what a real app would: the 1-GPU step time of its seed profile
+  (``profiles/<app>/seed.csv``) at the assigned local batch, plus an all-reduce time that
+  grows with the GPU count; ``--profile-type a100=dgx`` maps a GPU type to the profile's name.
 
 Every event goes as one JSON line to ``jobs/<id>/events.jsonl`` for the tests to read.
 Run as the batch script's ``exec python3 protocol_job.py --state-dir D --sia-id ID``.
@@ -18,6 +25,8 @@ Run as the batch script's ``exec python3 protocol_job.py --state-dir D --sia-id 
 from __future__ import annotations
 
 import argparse
+import bisect
+import csv
 import json
 import os
 import signal
@@ -40,14 +49,65 @@ from sia_slurm.protocol import (
 
 TICK_S = 0.05
 REPORT_EVERY_S = 0.5
+SYNC_BASE_S = 0.004  # all-reduce time of 2 GPUs on one node in --seed-profile mode
+SYNC_PER_GPU_S = 0.0005  # ... and per GPU beyond 2
+SYNC_INTER_NODE = 2.0  # ... times this across nodes
+
+
+class SeedProfile:
+    """Step times of a real app on 1 GPU per GPU type, from a ``seed.csv`` profile."""
+
+    def __init__(self, path: Path, aliases: dict[str, str]) -> None:
+        self.aliases = aliases
+        self.points: dict[str, list[tuple[int, float]]] = {}
+        with open(path, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                if row["placement"] == "1":
+                    point = (int(row["local_bsz"]), float(row["step_time"]))
+                    self.points.setdefault(row["gpu_type"], []).append(point)
+        for points in self.points.values():
+            points.sort()
+
+    def step_time(self, gpu_type: str, local_bsz: int) -> float:
+        """Linear interpolation over the local batch (clamped to the profiled range)."""
+        points = self.points[self.aliases.get(gpu_type, gpu_type)]
+        sizes = [size for size, _ in points]
+        i = bisect.bisect_left(sizes, local_bsz)
+        if i == 0:
+            return points[0][1]
+        if i == len(points):
+            return points[-1][1]
+        (b0, t0), (b1, t1) = points[i - 1], points[i]
+        return t0 + (t1 - t0) * (local_bsz - b0) / (b1 - b0)
+
+
+def sync_time(nodes: int, gpus: int) -> float:
+    """A plausible all-reduce time: none on 1 GPU, more with more GPUs and across nodes."""
+    if gpus == 1:
+        return 0.0
+    base = SYNC_BASE_S + SYNC_PER_GPU_S * max(gpus - 2, 0)
+    return base * (SYNC_INTER_NODE if nodes > 1 else 1.0)
 
 
 class ProtocolJob:
-    def __init__(self, paths: StatePaths, sia_id: str, steps: int | None, linger: float) -> None:
+    def __init__(
+        self,
+        paths: StatePaths,
+        sia_id: str,
+        steps: int | None,
+        linger: float,
+        *,
+        finish_file: Path | None = None,
+        ack_delay: float = 0.0,
+        profile: SeedProfile | None = None,
+    ) -> None:
         self.paths = paths
         self.sia_id = sia_id
         self.steps = steps
         self.linger = linger
+        self.finish_file = finish_file
+        self.ack_delay = ack_delay
+        self.profile = profile
         self.checkpoint = paths.job_dir(sia_id) / "counter.json"
         self.events = paths.job_dir(sia_id) / "events.jsonl"
         self.terminated = False
@@ -97,11 +157,16 @@ class ProtocolJob:
 
     def _loop(self, assignment: Assignment) -> int:
         last_report = 0.0
+        launch_round = assignment.round_index
         while not self.terminated:
             stop = self._stop_request()
-            if stop is not None:
+            if stop is not None and stop.round_index > launch_round:
                 return self._stop(stop)
             assignment = self._adopt(assignment)
+            if self.finish_file is not None and self.finish_file.exists():
+                self.save()
+                self.log("done")
+                return 0
             self.counter += 1
             if self.steps is not None and self.counter >= self.steps:
                 self.save()
@@ -124,7 +189,14 @@ class ProtocolJob:
             return None
 
     def _stop(self, stop: StopRequest) -> int:
+        self.log("stop-seen", round=stop.round_index)
+        deadline = time.time() + self.ack_delay
+        while not self.terminated and time.time() < deadline:
+            time.sleep(TICK_S)  # a slow checkpoint
         self.save()
+        if self.terminated:
+            self.log("terminated")
+            return 0
         write_json_atomic(self.paths.ack(self.sia_id, stop.round_index), {})
         self.log("acked", round=stop.round_index)
         deadline = time.time() + self.linger
@@ -144,7 +216,12 @@ class ProtocolJob:
         return assignment
 
     def _report(self, assignment: Assignment, now: float) -> None:
-        step_time = 0.1 + 0.4 / assignment.gpus
+        if self.profile is None:
+            step_time = 0.1 + 0.4 / assignment.gpus
+            sync = step_time / 10
+        else:
+            sync = sync_time(assignment.nodes, assignment.gpus)
+            step_time = self.profile.step_time(assignment.gpu_type, assignment.local_bsz) + sync
         report = MetricsReport(
             sia_id=self.sia_id,
             time=now,
@@ -154,7 +231,7 @@ class ProtocolJob:
             local_bsz=assignment.local_bsz,
             accum_steps=assignment.accum_steps,
             step_time=step_time,
-            sync_time=step_time / 10,
+            sync_time=sync,
             grad_sqr=1.0,
             grad_var=2.0,
             steps=self.counter,
@@ -172,8 +249,27 @@ def main() -> int:
     parser.add_argument("--sia-id", required=True)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--linger", type=float, default=600.0)
+    parser.add_argument("--finish-file", type=Path, default=None)
+    parser.add_argument("--ack-delay", type=float, default=0.0)
+    parser.add_argument("--seed-profile", type=Path, default=None)
+    parser.add_argument("--profile-type", action="append", default=[], metavar="TYPE=PROFILE")
     args = parser.parse_args()
-    job = ProtocolJob(StatePaths(args.state_dir), args.sia_id, args.steps, args.linger)
+    aliases = {}
+    for item in args.profile_type:
+        name, sep, profile_name = item.partition("=")
+        if not sep or not name or not profile_name:
+            parser.error(f"--profile-type: expected TYPE=PROFILE, got {item!r}")
+        aliases[name] = profile_name
+    profile = SeedProfile(args.seed_profile, aliases) if args.seed_profile else None
+    job = ProtocolJob(
+        StatePaths(args.state_dir),
+        args.sia_id,
+        args.steps,
+        args.linger,
+        finish_file=args.finish_file,
+        ack_delay=args.ack_delay,
+        profile=profile,
+    )
     return job.run()
 
 

@@ -316,6 +316,7 @@ def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -
     job_id = fake_slurm.submit("a")
     backend = backend_for(fake_slurm)
     write_document(fake_slurm.paths.stop_request("a"), StopRequest("a", 3))
+    fake_slurm.paths.ack("a", 3).write_text("")
     fake_slurm.job(job_id).update(job_state="COMPLETED", priority=1, state_reason="None")
     (result,) = backend.apply([start("a", "t4", ["t4-2"], 1, round_index=4)])
     assert result.ok, result.message

@@ -1,0 +1,326 @@
+"""The dashboard from the controller's state database (``<state_dir>/sia.db``).
+
+What comes from where (schema: :mod:`sia_slurm.state.store`):
+
+* GPU types and their totals: the last round's ``rounds.gpus`` (else the last snapshot's nodes);
+* one :class:`RoundPoint` per ``rounds`` row: GPUs the round allocated and GPUs usable per
+  type, the policy's solve time, running (incl. restoring) and pending jobs;
+* one :class:`JobRow` per ``jobs`` row: phase, restarts, submission and finish; the GPU type,
+  GPU count, batch and *predicted* goodput of the last decision that gave the job GPUs (a
+  finished job has no current configuration any more, its last decision still says what it ran
+  on); the timeline segments from the per-round decisions (a segment per run of rounds with the
+  same configuration, ending at the next change, the job's finish or the last round);
+* the *measured* goodput of a job from its newest metrics report: throughput of the reported
+  shape times the statistical efficiency of its gradient statistics at its batch, relative to
+  M0. Reports of finished jobs are dropped from the database, so for them the spool file
+  (``<state_dir>/spool/<id>.json``, the last report the job wrote) is read when a spool
+  directory is given.
+
+Times are shown in seconds since the first submission. The database is opened read-only in
+spirit (nothing is written; the store's open never migrates an up-to-date schema).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sia_slurm.model.efficiency import GradientStats, efficiency
+from sia_slurm.protocol import MetricsReport, ProtocolError, from_json, read_document
+from sia_slurm.report.data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
+from sia_slurm.state import RoundRow, Store, StoreError
+from sia_slurm.state.store import GONE
+from sia_slurm.state.store import JobRow as StoredJob
+
+NO_CONFIG = "-"
+
+
+class ReportSourceError(ValueError):
+    """A report source (database, simulation output) cannot be read; names file and field."""
+
+
+@dataclass(frozen=True)
+class _DecisionPoint:
+    """One job's decision in one round, as the timeline needs it."""
+
+    round_index: int
+    time: float
+    after: str
+    batch_size: int
+    goodput: float
+
+
+def report_from_db(
+    db_path: Path, *, spool_dir: Path | None = None, title: str | None = None
+) -> ReportData:
+    """Read ``db_path`` (and optionally the spool) into a :class:`ReportData`."""
+    try:
+        store = Store.open(Path(db_path), create=False)
+    except StoreError as exc:
+        raise ReportSourceError(str(exc)) from None
+    try:
+        rounds = _rounds(store)
+        jobs = store.jobs()
+        decisions = _decisions(store)
+        reports = _stored_reports(store)
+        nodes = store.last_nodes()
+    finally:
+        store.close()
+    if spool_dir is not None:
+        for job in jobs:
+            if job.sia_id not in reports:
+                report = _spool_report(spool_dir / f"{job.sia_id}.json")
+                if report is not None:
+                    reports[job.sia_id] = report
+    origin = _origin(jobs, rounds)
+    end = max([r.time for r in rounds] + [j.finish_time or 0.0 for j in jobs] + [origin])
+    gpu_types = _gpu_types(rounds, nodes)
+    rows = tuple(
+        _job_row(job, decisions.get(job.sia_id, []), reports.get(job.sia_id), origin, end)
+        for job in sorted(jobs, key=lambda j: (j.submit_time or 0.0, j.sia_id))
+    )
+    points = tuple(_round_point(r, origin) for r in rounds)
+    return ReportData(
+        title=title or f"sia-slurm: {Path(db_path).parent.name or db_path}",
+        subtitle=f"controller state database {db_path}",
+        gpu_types=gpu_types,
+        rounds=points,
+        jobs=rows,
+        summary=summary_pairs(rows, points),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+
+
+def _rounds(store: Store) -> list[RoundRow]:
+    rows = store.conn.execute("SELECT * FROM rounds ORDER BY round_index").fetchall()
+    decoded = []
+    for row in rows:
+        where = f"{store.path}: rounds.round_index={row['round_index']}"
+        try:
+            decoded.append(
+                RoundRow(
+                    round_index=row["round_index"],
+                    time=row["time"],
+                    wall_time=row["wall_time"],
+                    dry_run=bool(row["dry_run"]),
+                    timings=json.loads(row["timings"]),
+                    solve_status=row["solve_status"],
+                    solve_seconds=row["solve_seconds"],
+                    solve_message=row["solve_message"],
+                    gpus=json.loads(row["gpus"]),
+                    jobs_by_phase=json.loads(row["jobs_by_phase"]),
+                    rejected=json.loads(row["rejected"]),
+                )
+            )
+        except (ValueError, TypeError) as exc:
+            raise ReportSourceError(f"{where}: {exc}") from None
+    return decoded
+
+
+def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
+    rows = store.conn.execute(
+        "SELECT d.round_index, d.sia_id, d.after, d.batch_size, d.goodput, r.time "
+        "FROM decisions d JOIN rounds r ON r.round_index = d.round_index "
+        "ORDER BY d.sia_id, d.round_index"
+    ).fetchall()
+    by_job: dict[str, list[_DecisionPoint]] = {}
+    for row in rows:
+        by_job.setdefault(row["sia_id"], []).append(
+            _DecisionPoint(
+                row["round_index"], row["time"], row["after"], row["batch_size"], row["goodput"]
+            )
+        )
+    return by_job
+
+
+def _stored_reports(store: Store) -> dict[str, MetricsReport]:
+    """The newest stored report of every job (those the controller still remembers)."""
+    rows = store.conn.execute("SELECT id, sia_id, report FROM reports ORDER BY id").fetchall()
+    newest: dict[str, MetricsReport] = {}
+    for row in rows:
+        where = f"{store.path}: reports.id={row['id']}"
+        try:
+            report = from_json(MetricsReport, json.loads(row["report"]), where)
+        except (ProtocolError, ValueError) as exc:
+            raise ReportSourceError(str(exc)) from None
+        current = newest.get(row["sia_id"])
+        if current is None or report.time >= current.time:
+            newest[row["sia_id"]] = report
+    return newest
+
+
+def _spool_report(path: Path) -> MetricsReport | None:
+    """The job's last spool report, or ``None`` if it never wrote one. A damaged file is an
+    error (naming file and field), as everywhere else."""
+    if not path.exists():
+        return None
+    try:
+        return read_document(MetricsReport, path)
+    except ProtocolError as exc:
+        raise ReportSourceError(str(exc)) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the rows
+
+
+def _origin(jobs: Sequence[StoredJob], rounds: Sequence[RoundRow]) -> float:
+    times = [j.submit_time for j in jobs if j.submit_time is not None]
+    times += [r.time for r in rounds]
+    return min(times) if times else 0.0
+
+
+def _gpu_types(rounds: Sequence[RoundRow], nodes: Iterable[object]) -> tuple[GpuTypeTotal, ...]:
+    totals: dict[str, int] = {}
+    if rounds:
+        for gpu_type, entry in rounds[-1].gpus.items():
+            totals[gpu_type] = int(entry.get("total", 0))
+    else:
+        for node in nodes:
+            name, total = node.gpu_type, node.total_gpus  # type: ignore[attr-defined]
+            totals[name] = totals.get(name, 0) + total
+    return tuple(GpuTypeTotal(name, total) for name, total in sorted(totals.items()))
+
+
+def _round_point(row: RoundRow, origin: float) -> RoundPoint:
+    phases = row.jobs_by_phase
+    return RoundPoint(
+        index=row.round_index,
+        time=row.time - origin,
+        allocated={t: int(e.get("allocated", 0)) for t, e in sorted(row.gpus.items())},
+        usable={t: int(e.get("usable", 0)) for t, e in sorted(row.gpus.items())},
+        solve_ms=row.solve_seconds * 1000.0,
+        running=phases.get("running", 0) + phases.get("starting", 0),
+        pending=phases.get("pending", 0),
+    )
+
+
+def parse_config(text: str) -> tuple[str, int, int] | None:
+    """``"a100:1x4"`` -> ``("a100", 1, 4)`` (a :class:`~sia_slurm.core.Configuration`'s str);
+    ``"-"`` -> ``None``."""
+    if text == NO_CONFIG:
+        return None
+    gpu_type, sep, shape = text.rpartition(":")
+    nodes, x, gpus = shape.partition("x")
+    if not sep or not x or not nodes.isdigit() or not gpus.isdigit():
+        raise ReportSourceError(f"configuration: expected TYPE:NODESxGPUS or '-', got {text!r}")
+    return gpu_type, int(nodes), int(gpus)
+
+
+def _job_row(
+    job: StoredJob,
+    decisions: Sequence[_DecisionPoint],
+    report: MetricsReport | None,
+    origin: float,
+    end: float,
+) -> JobRow:
+    submit = job.submit_time if job.submit_time is not None else origin
+    finish = job.finish_time if job.phase in ("done", "failed") else None
+    granted = [d for d in decisions if d.after != NO_CONFIG]
+    last = granted[-1] if granted else None
+    config = parse_config(last.after) if last else None
+    if job.config is not None:  # holds GPUs now: the snapshot's view is the truth
+        config = (job.config["gpu_type"], job.config["nodes"], job.config["gpus"])
+    batch = (job.batch or {}).get("batch_size") or (last.batch_size if last else 0)
+    segment_end = finish if finish is not None else (job.last_seen or end)
+    return JobRow(
+        id=job.sia_id,
+        app=str(job.spec.get("app", "")),
+        state=job.phase if job.phase != GONE else "gone",
+        submit_time=submit - origin,
+        gpu_type=config[0] if config else "",
+        gpus=config[2] if config else 0,
+        batch_size=int(batch),
+        goodput_predicted=last.goodput if last and last.goodput > 0 else None,
+        goodput_measured=measured_goodput(report, int(job.spec.get("init_batch_size") or 0))
+        if report
+        else None,
+        restarts=job.restarts,
+        finish_time=None if finish is None else finish - origin,
+        jct_s=None if finish is None or job.phase != "done" else finish - submit,
+        segments=segments_from_decisions(decisions, segment_end, origin),
+    )
+
+
+def segments_from_decisions(
+    decisions: Sequence[_DecisionPoint], end: float, origin: float
+) -> tuple[Segment, ...]:
+    """Runs of rounds with the same granted configuration; each ends where the next decision
+    changes it (or the job ends at ``end``)."""
+    segments: list[Segment] = []
+    current: tuple[float, str] | None = None
+    for point in decisions:
+        if current is not None and point.after != current[1]:
+            segments.append(_segment(current, point.time, origin))
+            current = None
+        if current is None and point.after != NO_CONFIG:
+            current = (point.time, point.after)
+    if current is not None and end > current[0]:
+        segments.append(_segment(current, end, origin))
+    return tuple(segments)
+
+
+def _segment(current: tuple[float, str], end: float, origin: float) -> Segment:
+    config = parse_config(current[1])
+    assert config is not None
+    return Segment(current[0] - origin, end - origin, config[0], config[2])
+
+
+def measured_goodput(report: MetricsReport, init_batch_size: int) -> float:
+    """Goodput of a reported shape: samples per second times statistical efficiency at M0.
+
+    One optimizer step runs ``accum_steps`` non-synchronising micro-batches (compute only) and
+    one synchronising one (``step_time``, sync included). Without an M0 (0) the efficiency is
+    taken as 1 (the throughput is shown).
+    """
+    batch = report.gpus * report.local_bsz * (report.accum_steps + 1)
+    iteration = report.accum_steps * (report.step_time - report.sync_time) + report.step_time
+    throughput = batch / iteration
+    if init_batch_size <= 0:
+        return throughput
+    stats = GradientStats(report.grad_sqr, report.grad_var)
+    return float(throughput * efficiency(stats, init_batch_size, batch))
+
+
+# ----------------------------------------------------------------------------------------------
+# Summary (shared with the simulation source)
+
+
+def summary_pairs(
+    jobs: Sequence[JobRow], rounds: Sequence[RoundPoint], extra: Mapping[str, str] | None = None
+) -> tuple[tuple[str, str], ...]:
+    """Jobs done, average and p99 JCT, makespan, restarts per job, median solve time."""
+    jcts = sorted(j.jct_s for j in jobs if j.jct_s is not None)
+    done = [j for j in jobs if j.jct_s is not None and j.finish_time is not None]
+    pairs: list[tuple[str, str]] = [("jobs", f"{len(done)}/{len(jobs)} done")]
+    if jcts:
+        pairs.append(("avg JCT", _duration(statistics.fmean(jcts))))
+        pairs.append(("p99 JCT", _duration(jcts[int(0.99 * len(jcts))])))
+        start = min(j.submit_time for j in done)
+        finish = max(j.finish_time for j in done if j.finish_time is not None)
+        pairs.append(("makespan", _duration(finish - start)))
+    if jobs:
+        pairs.append(("restarts/job", f"{sum(j.restarts for j in jobs) / len(jobs):.2f}"))
+    solve = sorted(r.solve_ms for r in rounds if r.solve_ms is not None)
+    if solve:
+        pairs.append(("rounds", str(len(rounds))))
+        pairs.append(("median solve", f"{solve[len(solve) // 2]:.1f} ms"))
+    pairs += list((extra or {}).items())
+    return tuple(pairs)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
