@@ -71,6 +71,18 @@ def test_config_check_ok_and_errors(tmp_path) -> None:
     assert f"{bad}: 2 problem(s); configuration not usable" in result.output
 
 
+def test_config_check_warns_about_a_zero_change_penalty(tmp_path) -> None:
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "etc" / "sia.yaml"
+    config = tmp_path / "sia.yaml"
+    config.write_text(example.read_text().replace("lambda_a: 0.01", "lambda_a: 0"))
+    result = CliRunner().invoke(cli, ["config", "check", str(config)])
+    assert result.exit_code == 0
+    assert f"{config}: warning: policy.lambda_a is 0" in result.output
+    assert f"{config}: OK" in result.output
+
+
 def test_config_check_uses_the_environment(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SIA_SLURM_CONFIG", str(tmp_path / "missing.yaml"))
     result = CliRunner().invoke(cli, ["config", "check"])

@@ -7,8 +7,15 @@ from pathlib import Path
 import click
 
 from sia_slurm.cli import CONTEXT_SETTINGS
-from sia_slurm.config import CONFIG_ENV_VAR, ConfigError, load_config, resolve_config_path
+from sia_slurm.config import (
+    CONFIG_ENV_VAR,
+    ConfigError,
+    SiaConfig,
+    load_config,
+    resolve_config_path,
+)
 from sia_slurm.livecheck import check_live
+from sia_slurm.policy.sia import SiaPolicyConfig
 from sia_slurm.slurm.inventory import read_inventory
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
@@ -21,6 +28,17 @@ from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 )
 def config() -> None:
     pass
+
+
+def policy_advice(cfg: SiaConfig) -> list[str]:
+    """Settings that are valid but known to behave badly on a real cluster."""
+    params = cfg.policy.params
+    if isinstance(params, SiaPolicyConfig) and params.lambda_a == 0:
+        return [
+            "policy.lambda_a is 0: with cheap restarts, jobs with equal goodput may swap GPU "
+            "types every round; the paper's physical cluster uses 0.01 (as etc/sia.yaml)"
+        ]
+    return []
 
 
 @config.command(
@@ -49,6 +67,8 @@ def check(path: Path | None, live: bool) -> None:
             click.echo(str(issue), err=True)
         click.echo(f"{resolved}: {len(exc.issues)} problem(s); configuration not usable", err=True)
         raise SystemExit(1) from None
+    for advice in policy_advice(cfg):
+        click.echo(f"{resolved}: warning: {advice}", err=True)
     if not live:
         click.echo(f"{resolved}: OK")
         return
