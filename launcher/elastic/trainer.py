@@ -363,6 +363,12 @@ class ElasticTrainer:
             self._report()
             self.save_checkpoint()
         self._log("training complete after %d steps", self.step)
+        # Every rank completes at the same step, so all can meet once more and leave the
+        # process group cleanly; a rank exiting with gloo still up was seen to die with SIGABRT
+        # on a multi-node job, and Slurm then records a trained job as FAILED.
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
     def _report(self) -> None:
         self.reporter.report(
