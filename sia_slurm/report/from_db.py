@@ -33,7 +33,7 @@ from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.protocol import MetricsReport, ProtocolError, from_json, read_document
 from sia_slurm.report.data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
 from sia_slurm.state import RoundRow, Store, StoreError
-from sia_slurm.state.store import GONE
+from sia_slurm.state.store import GONE, round_row
 from sia_slurm.state.store import JobRow as StoredJob
 
 NO_CONFIG = "-"
@@ -104,21 +104,7 @@ def _rounds(store: Store) -> list[RoundRow]:
     for row in rows:
         where = f"{store.path}: rounds.round_index={row['round_index']}"
         try:
-            decoded.append(
-                RoundRow(
-                    round_index=row["round_index"],
-                    time=row["time"],
-                    wall_time=row["wall_time"],
-                    dry_run=bool(row["dry_run"]),
-                    timings=json.loads(row["timings"]),
-                    solve_status=row["solve_status"],
-                    solve_seconds=row["solve_seconds"],
-                    solve_message=row["solve_message"],
-                    gpus=json.loads(row["gpus"]),
-                    jobs_by_phase=json.loads(row["jobs_by_phase"]),
-                    rejected=json.loads(row["rejected"]),
-                )
-            )
+            decoded.append(round_row(row))
         except (ValueError, TypeError) as exc:
             raise ReportSourceError(f"{where}: {exc}") from None
     return decoded

@@ -401,7 +401,7 @@ class Store:
 
     def last_round(self) -> RoundRow | None:
         row = self.conn.execute("SELECT * FROM rounds ORDER BY round_index DESC LIMIT 1").fetchone()
-        return None if row is None else _round_row(row)
+        return None if row is None else round_row(row)
 
     def decisions(self, round_index: int) -> dict[str, Decision]:
         rows = self.conn.execute(
@@ -491,7 +491,8 @@ def _job_row(row: sqlite3.Row) -> JobRow:
     )
 
 
-def _round_row(row: sqlite3.Row) -> RoundRow:
+def round_row(row: sqlite3.Row) -> RoundRow:
+    """Decode one row of the ``rounds`` table (JSON columns included)."""
     return RoundRow(
         round_index=row["round_index"],
         time=row["time"],
