@@ -54,6 +54,16 @@ def test_slurm_conf_has_one_port_per_node_and_a_partition_per_type() -> None:
     assert "GresTypes=gpu" in text
 
 
+def test_cred_expire_sets_the_requeue_floor_and_the_scheduler_looks_every_second() -> None:
+    layout = ClusterLayout(
+        root=Path("/srv/dev"), hostname="box", user="root", port_base=7000, cred_expire_s=5
+    )
+    text = render_slurm_conf(DevClusterSpec.parse("a100:1x2"), layout)
+    assert "AuthInfo=socket=/srv/dev/run/munge.socket,cred_expire=5" in text
+    records = {k: v for r in parse_records(text) for k, v in r.items()}
+    assert "sched_interval=1" in records["SchedulerParameters"].split(",")
+
+
 def test_gres_conf_points_every_gpu_at_a_file() -> None:
     text = render_gres_conf(DevClusterSpec.parse("a100:1x2"), LAYOUT)
     assert "AutoDetect=off" in text

@@ -73,12 +73,20 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     show_default=True,
     help="Seconds to wait for the daemons and nodes.",
 )
-def up(spec: str, root: Path, port_base: int, timeout: float) -> None:
+@click.option(
+    "--cred-expire",
+    type=click.IntRange(5, 3600),
+    default=30,
+    show_default=True,
+    help="Slurm's AuthInfo cred_expire: a requeued job waits this long (+1 s) before it may "
+    "start again, so every restart costs at least this much.",
+)
+def up(spec: str, root: Path, port_base: int, timeout: float, cred_expire: int) -> None:
     try:
         parsed = DevClusterSpec.parse(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--spec") from None
-    cluster = DevCluster(root, port_base=port_base, log=_say)
+    cluster = DevCluster(root, port_base=port_base, log=_say, cred_expire_s=cred_expire)
     try:
         cluster.up(parsed, timeout_s=timeout)
     except DevClusterError as exc:

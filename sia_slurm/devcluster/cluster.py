@@ -54,11 +54,19 @@ class DevCluster:
     """A dev cluster rooted at ``root``; ``spec`` and ``port_base`` matter only for ``up``."""
 
     def __init__(
-        self, root: Path = DEFAULT_DIR, port_base: int = DEFAULT_PORT_BASE, log: Log | None = None
+        self,
+        root: Path = DEFAULT_DIR,
+        port_base: int = DEFAULT_PORT_BASE,
+        log: Log | None = None,
+        cred_expire_s: int = 30,
     ):
         root = Path(root).absolute()
         self.layout = ClusterLayout(
-            root=root, hostname=socket.gethostname(), user=getpass.getuser(), port_base=port_base
+            root=root,
+            hostname=socket.gethostname(),
+            user=getpass.getuser(),
+            port_base=port_base,
+            cred_expire_s=cred_expire_s,
         )
         self._log = log or (lambda message: None)
 

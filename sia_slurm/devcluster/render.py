@@ -22,6 +22,10 @@ class ClusterLayout:
     hostname: str
     user: str
     port_base: int
+    # A requeued job may start again only cred_expire + 1 s after it ended, so this is the floor
+    # of every restart on the cluster. Slurm's default is 120 s; 30 s keeps tests quick while
+    # leaving credentials time to reach a slurmd on a loaded machine.
+    cred_expire_s: int = 30
 
     @property
     def slurm_conf(self) -> Path:
@@ -71,8 +75,7 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         f"SlurmdPort={layout.slurmd_port(0)}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        # cred_expire: a requeued job may start again only cred_expire + 1 s after it ended.
-        f"AuthInfo=socket={layout.munge_socket},cred_expire=30",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={layout.cred_expire_s}",
         f"SlurmUser={layout.user}",
         f"SlurmdUser={layout.user}",
         f"StateSaveLocation={root}/state",
@@ -86,7 +89,9 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "SchedulerType=sched/backfill",
-        "SchedulerParameters=bf_interval=5",
+        # sched_interval=1: the main scheduler looks every second, so a job whose requeue delay
+        # (cred_expire) has passed starts at once, not at the next 60 s pass.
+        "SchedulerParameters=bf_interval=5,sched_interval=1",
         "ReturnToService=2",
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
