@@ -14,7 +14,8 @@ simulated is exactly what would run on Slurm; only the cluster is replayed from 
   batch, true statistical efficiency at its progress, calibration) and is done at its app's
   completion target; it finishes at the exact second it gets there, inside a round.
 * **Restarts.** Every grant of GPUs (``Start``, ``Move``) costs the app's *true* restart delay
-  (:data:`sia_slurm.sim.restart.RESTART_DELAYS`), during which the job holds its GPUs, makes no
+  (:data:`sia_slurm.sim.restart.RESTART_DELAYS`) or, for a cluster file with a ``restart``
+  section, the cluster's own ``start_s`` / ``move_s``; meanwhile the job holds its GPUs, makes no
   progress and shows phase ``STARTING``; the first start pays it too (the job loads its data and
   model). ``Stop`` releases the GPUs at once (the checkpoint cost is part of the next start's
   delay). ``Rebatch`` changes the batch with no delay. ``restarts`` counts grants after the
@@ -269,10 +270,17 @@ class SimulatedCluster:
         job.phase = JobPhase.STARTING
         job.config, job.placement, job.batch = action.config, action.placement, action.batch
         job.grants += 1
-        job.delay_left = job.truth.restart.true_s
+        job.delay_left = self._restart_delay(job, moving=moving)
         job.cached = None
         self._set_speed(job)
         return ActionResult(action, True)
+
+    def _restart_delay(self, job: _Job, *, moving: bool) -> float:
+        """Seconds the grant costs: the cluster's own restart time if it has one, else the app's."""
+        restart = self.cluster.restart
+        if restart is None:
+            return job.truth.restart.true_s
+        return restart.move_s if moving else restart.start_s
 
     def _check_grant(
         self, config: Configuration, placement: tuple[NodeShare, ...], batch: BatchChoice

@@ -10,6 +10,16 @@ A cluster file (``etc/clusters/*.yaml``) is a mapping::
         trace_key: aws            # its key in data/traces/<app>/placements-<key>.csv (required)
         gpus_per_node: 4          # positive integer (required)
         nodes: 6                  # positive integer (required)
+    restart:                      # optional: the cluster's own restart time, whatever the app
+      start_s: 9.0                # a Start: grant -> the job trains (launch, restore)
+      move_s: 16.0                # a Move: grant -> the job trains on its new GPUs
+
+Without ``restart`` each grant costs the app's true restart delay
+(:mod:`sia_slurm.sim.restart`, the paper's measurements). ``restart`` is for a cluster whose
+restart time is a property of the cluster rather than of the app, measured there: the dev
+cluster, whose emulated trainers restore in a moment while Slurm's requeue floor
+(``cred_expire``), srun and torchrun take what they take (``benchmarks/restart_time.py``).
+Those seconds are wall-clock seconds of that cluster and are not compressed with the workload.
 
 Loading collects every problem and raises one :class:`ClusterError` whose lines read
 ``etc/clusters/x.yaml:7: gpu_types.t4.nodes: expected a positive integer, got 0``. A GPU type
@@ -19,6 +29,7 @@ without ground truth for some app is fine to load (the app's jobs simply cannot 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -29,7 +40,8 @@ from sia_slurm.sim.groundtruth import has_ground_truth, placements_file
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
-_TOP_KEYS = ("name", "description", "gpu_types")
+_TOP_KEYS = ("name", "description", "gpu_types", "restart")
+_RESTART_KEYS = ("start_s", "move_s")
 _TYPE_KEYS = ("profile", "trace_key", "gpus_per_node", "nodes")
 
 
@@ -57,13 +69,28 @@ class ClusterGpuType:
 
 
 @dataclass(frozen=True)
+class ClusterRestart:
+    """Seconds a grant of GPUs costs on this cluster before the job trains, whatever its app."""
+
+    start_s: float  # a Start (first start, or a start after a stop)
+    move_s: float  # a Move (stop, requeue and start again in the same round)
+
+    def __post_init__(self) -> None:
+        for name in ("start_s", "move_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
-    """A simulated cluster: its GPU types in file order."""
+    """A simulated cluster: its GPU types in file order, and its own restart time if it has one."""
 
     name: str
     gpu_types: tuple[ClusterGpuType, ...]
     path: Path | None = None
     description: str = ""
+    restart: ClusterRestart | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -121,9 +148,10 @@ def parse_cluster(
     if not isinstance(description, str):
         source.issue(("description",), f"expected text, got {description!r}")
     gpu_types = _gpu_types(data.get("gpu_types"), source, profile_types)
+    restart = _restart(data["restart"], source) if "restart" in data else None
     if source.issues:
         raise ClusterError(source.issues)
-    return ClusterSpec(name, gpu_types, path, str(description))
+    return ClusterSpec(name, gpu_types, path, str(description), restart)
 
 
 def check_ground_truth(
@@ -180,6 +208,28 @@ def _gpu_types(
         nodes = _positive_int(settings.get("nodes"), (*here, "nodes"), source)
         types.append(ClusterGpuType(type_name, profile, trace_key, gpus_per_node, nodes))
     return tuple(types)
+
+
+def _restart(value: Any, source: YamlSource) -> ClusterRestart | None:
+    keypath: KeyPath = ("restart",)
+    if not isinstance(value, dict):
+        source.issue(keypath, f"expected a mapping with keys start_s, move_s, got {value!r}")
+        return None
+    _check_keys(value, keypath, _RESTART_KEYS, source)
+    seconds = {}
+    for key in _RESTART_KEYS:
+        number = value.get(key)
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int | float)
+            or not (math.isfinite(number) and number >= 0)
+        ):
+            source.issue((*keypath, key), f"expected a number of seconds >= 0, got {number!r}")
+        else:
+            seconds[key] = float(number)
+    if len(seconds) != len(_RESTART_KEYS):
+        return None
+    return ClusterRestart(**seconds)
 
 
 def _check_keys(

@@ -102,7 +102,7 @@ def test_unknown_top_level_key_and_missing_gpu_types() -> None:
     assert _errors("name: c\nnodes: 3\n") == "\n".join(
         [
             "c.yaml: gpu_types: expected a mapping of GPU type name to its settings, got nothing",
-            "c.yaml:2: nodes: unknown key; expected one of name, description, gpu_types",
+            "c.yaml:2: nodes: unknown key; expected one of name, description, gpu_types, restart",
         ]
     )
 
@@ -127,3 +127,21 @@ def test_profile_defaults_to_the_type_name() -> None:
     assert cluster.gpu_type("rtx").profile == "rtx"
     with pytest.raises(KeyError, match="has no GPU type 't4'"):
         cluster.gpu_type("t4")
+
+
+def test_restart_section_is_read_and_checked() -> None:
+    tiny = "gpu_types:\n  rtx: {trace_key: rtx, gpus_per_node: 8, nodes: 1}\n"
+    assert parse_cluster(tiny).restart is None
+    cluster = parse_cluster(tiny + "restart: {start_s: 9, move_s: 15.5}\n")
+    assert cluster.restart is not None
+    assert (cluster.restart.start_s, cluster.restart.move_s) == (9.0, 15.5)
+    assert _errors(tiny + "restart: {start_s: -1, move_s: yes, after_s: 2}\n") == "\n".join(
+        [
+            "c.yaml:3: restart.after_s: unknown key; expected one of start_s, move_s",
+            "c.yaml:3: restart.start_s: expected a number of seconds >= 0, got -1",
+            "c.yaml:3: restart.move_s: expected a number of seconds >= 0, got True",
+        ]
+    )
+    assert _errors(tiny + "restart: 10\n") == (
+        "c.yaml:3: restart: expected a mapping with keys start_s, move_s, got 10"
+    )

@@ -20,7 +20,7 @@ from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec
 from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.cluster import SimJobSpec, SimulatedCluster
-from sia_slurm.sim.clusterfile import ClusterGpuType, ClusterSpec
+from sia_slurm.sim.clusterfile import ClusterGpuType, ClusterRestart, ClusterSpec
 from sia_slurm.sim.gradstats import AppGradStats
 from sia_slurm.sim.groundtruth import GroundTruth
 from sia_slurm.sim.progress import StatsTable, integrate
@@ -57,8 +57,14 @@ def toy_truth(tmp_path: Path, *, grad_var: float = 0.0, calibration: float = 1.0
     )
 
 
-def toy_cluster(truth: AppTruth, *submits: float, init_batch_size: int = 0) -> SimulatedCluster:
-    spec = ClusterSpec("toy", (ClusterGpuType("fast", "fast", "x", gpus_per_node=2, nodes=2),))
+def toy_cluster(
+    truth: AppTruth,
+    *submits: float,
+    init_batch_size: int = 0,
+    restart: ClusterRestart | None = None,
+) -> SimulatedCluster:
+    gpu_type = ClusterGpuType("fast", "fast", "x", gpus_per_node=2, nodes=2)
+    spec = ClusterSpec("toy", (gpu_type,), restart=restart)
     jobs = [
         SimJobSpec(JobSpec(f"j{i}", "toy", submit_time=t, init_batch_size=init_batch_size), truth)
         for i, t in enumerate(submits or (0.0,))
@@ -145,6 +151,32 @@ def test_stop_then_start_counts_a_restart_and_frees_gpus_at_once(tmp_path: Path)
     assert outcome.restarts == 1
     assert outcome.finish_time == pytest.approx(120.0 + 30.0 + 270.0)
     assert outcome.gpu_seconds == pytest.approx(60.0 + 300.0)
+
+
+def test_a_cluster_restart_time_replaces_the_apps_delay(tmp_path: Path) -> None:
+    # The cluster's own start (5 s) and move (12 s) instead of the app's 30 s: 3000 samples at
+    # 10 samples/s plus 5 s to start and 12 s for the move after the first round.
+    restart = ClusterRestart(start_s=5.0, move_s=12.0)
+    cluster = toy_cluster(toy_truth(tmp_path), restart=restart)
+    cluster.snapshot()
+    cluster.apply([start()])
+    cluster.advance(60.0)  # 5 s start, 55 s of training: 550 samples
+    move = Move("j0", 1, ONE_GPU, (NodeShare("fast-1", 1),), BatchChoice(10, 10, 0))
+    assert cluster.apply([move])[0].ok
+    run_until_done(cluster)
+    (outcome,) = cluster.outcomes()
+    assert outcome.finish_time == pytest.approx(60.0 + 12.0 + 245.0)
+    # A start after a stop in an earlier round is a start, not a move.
+    cluster = toy_cluster(toy_truth(tmp_path), restart=restart)
+    cluster.snapshot()
+    cluster.apply([start()])
+    cluster.advance(60.0)
+    cluster.apply([Stop("j0", 1)])
+    cluster.advance(60.0)
+    cluster.apply([start(node="fast-1")])
+    run_until_done(cluster)
+    (outcome,) = cluster.outcomes()
+    assert outcome.finish_time == pytest.approx(120.0 + 5.0 + 245.0)
 
 
 def test_rebatch_changes_speed_without_a_delay(tmp_path: Path) -> None:
