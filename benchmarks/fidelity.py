@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import signal
@@ -42,8 +41,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.restart_time import grant_delays, summarize  # noqa: E402
+
 from sia_slurm.report import render_site, report_from_db  # noqa: E402
 from sia_slurm.sim.apptruth import AppTruth  # noqa: E402
+from sia_slurm.sim.clusterfile import ClusterRestart, load_cluster  # noqa: E402
 from sia_slurm.sim.inputs import load_inputs, load_workload_truths  # noqa: E402
 from sia_slurm.sim.restart import RestartDelay  # noqa: E402
 from sia_slurm.sim.run import SimulationConfig, simulate  # noqa: E402
@@ -53,6 +55,9 @@ PHOEBE = REPO / "data" / "workloads" / "phoebe.csv"
 DEV_CLUSTER = REPO / "etc" / "clusters" / "dev.yaml"
 DEV_SPEC = "a100:2x4,rtx:2x4,t4:2x4"
 MIN_DATASET = 64
+# Slurm's requeue floor on the dev cluster: the value benchmarks/restart_time.py calibrated
+# etc/clusters/dev.yaml's restart section with (Slurm's default is 120 s, the tests' 30 s).
+CRED_EXPIRE_S = 5
 
 
 def scaled_workload(jobs: int, scale: float) -> Workload:
@@ -64,11 +69,11 @@ def scaled_workload(jobs: int, scale: float) -> Workload:
     return Workload(full.path, rows)
 
 
-def compressed_truth(truth: AppTruth, scale: float, restart_s: float | None = None) -> AppTruth:
-    """The app's world ``scale`` times faster: progress and restarts. ``restart_s`` replaces
-    the (compressed) true restart delay; the delay the policy assumes stays the app's / k."""
-    true_s = truth.restart.true_s / scale if restart_s is None else restart_s
-    restart = RestartDelay(true_s, truth.restart.assumed_s / scale)
+def compressed_truth(truth: AppTruth, scale: float) -> AppTruth:
+    """The app's world ``scale`` times faster: progress, and the restart delays (true and
+    assumed) of the app. A cluster file's own ``restart`` section, when used, replaces the true
+    delay in the simulated cluster; the delay the policy assumes stays the app's / k."""
+    restart = RestartDelay(truth.restart.true_s / scale, truth.restart.assumed_s / scale)
     return dataclasses.replace(truth, calibration=truth.calibration / scale, restart=restart)
 
 
@@ -77,15 +82,19 @@ def compressed_truth(truth: AppTruth, scale: float, restart_s: float | None = No
 
 
 def run_sim(
-    workload: Workload, scale: float, out: Path, restart_s: float | None = None
+    workload: Workload, scale: float, out: Path, name: str, restart: ClusterRestart | None
 ) -> dict[str, Any]:
+    """Simulate the compressed workload on the dev cluster's shape; ``restart`` is the
+    cluster's own restart time (None: each app's delay / k, the paper's world compressed)."""
     inputs = load_inputs(DEV_CLUSTER)
+    inputs = dataclasses.replace(
+        inputs, cluster=dataclasses.replace(inputs.cluster, restart=restart)
+    )
     truths = load_workload_truths([workload], inputs)
-    scaled = {app: compressed_truth(t, scale, restart_s) for app, t in truths.items()}
+    scaled = {app: compressed_truth(t, scale) for app, t in truths.items()}
     # Restart costs reach the policy through the job specs, built from these truths.
     config = SimulationConfig(policy="sia", round_length=60.0 / scale)
     out.mkdir(parents=True, exist_ok=True)
-    name = "sim" if restart_s is None else "sim-measured-restart"
     with open(out / f"rounds-{name}.jsonl", "w", encoding="utf-8") as log:
         result = simulate(workload, inputs, config, truths=scaled, log=log)
     jcts = {job.name: job.jct for job in result.jobs}
@@ -153,7 +162,7 @@ def run_real(
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     up = cli(
         "dev-cluster", "up", "--dir", str(directory / "cluster"), "--port-base", str(port_base),
-        "--spec", DEV_SPEC, env=env,
+        "--spec", DEV_SPEC, "--cred-expire", str(CRED_EXPIRE_S), env=env,
     )  # fmt: skip
     if up.returncode != 0:
         raise SystemExit(f"dev-cluster up failed: {up.stderr.strip()}")
@@ -240,27 +249,22 @@ def real_metrics(db: Path, ids: dict[str, str], started: float) -> dict[str, Any
         phase, submitted, finished = rows.get(sia_id, ("missing", started, None))
         submit[name] = submitted - started
         jct[name] = finished - submitted if phase == "done" and finished else None
-    return {"jct_s": jct, "submit_s": submit, "stopped": ""}
+    return {"jct_s": jct, "submit_s": submit, "stopped": "", "ids": ids}
 
 
-def measured_restart_s(db: Path) -> dict[str, float]:
-    """How long granted GPUs sat idle on the dev cluster: every STARTING stretch of every job
-    (release -> Slurm start -> launch -> checkpoint restore -> first metrics report), the
-    real counterpart of the simulator's restart delay."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        histories = [json.loads(h) for (h,) in conn.execute("SELECT phase_history FROM jobs")]
-    spans = []
-    for history in histories:
-        for (t0, phase), (t1, _next) in itertools.pairwise(history):
-            if phase == "starting":
-                spans.append(t1 - t0)
-    if not spans:
-        return {"count": 0, "mean_s": float("nan"), "median_s": float("nan")}
-    return {
-        "count": len(spans),
-        "mean_s": statistics.fmean(spans),
-        "median_s": statistics.median(spans),
-    }
+def measured_restart(db: Path, out_dir: Path, ids: dict[str, str]) -> ClusterRestart | None:
+    """This run's own restart time: the mean grant -> training delay of its Starts and Moves
+    (``benchmarks/restart_time.py``'s exact measurement from the journal and the job logs)."""
+    logs = {sia_id: out_dir / f"{name}.out" for name, sia_id in ids.items()}
+    summary = summarize(grant_delays(db, logs))
+    print("dev cluster, this run: " + ", ".join(
+        f"{kind} {s['count']:.0f} x {s['mean_s']:.1f} s mean ({s['median_s']:.1f} median)"
+        for kind, s in summary.items()
+    ))  # fmt: skip
+    if "start" not in summary:
+        return None
+    start = summary["start"]["mean_s"]
+    return ClusterRestart(start, summary.get("move", {}).get("mean_s", start))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,10 +303,15 @@ def main() -> None:
     print(f"phoebe: {len(workload)} jobs, time compressed {args.scale:g}x, "
           f"rounds {60 / args.scale:g} s, cluster {DEV_CLUSTER.name}")  # fmt: skip
     t0 = time.perf_counter()
-    sim = run_sim(workload, args.scale, args.dir / "sim")
+    calibrated = load_cluster(DEV_CLUSTER).restart
+    rows: list[tuple[str, dict[str, float]]] = []
+    results: dict[str, Any] = {"jobs": len(workload), "scale": args.scale}
+    if calibrated is not None:
+        results["sim"] = run_sim(workload, args.scale, args.dir / "sim", "sim", calibrated)
+        rows.append(("simulator", metrics(results["sim"])))
+    results["sim_app_delays"] = run_sim(workload, args.scale, args.dir / "sim", "sim-app", None)
+    rows.append(("sim, app/k", metrics(results["sim_app_delays"])))
     print(f"simulator: done in {time.perf_counter() - t0:.0f} s wall")
-    results: dict[str, Any] = {"jobs": len(workload), "scale": args.scale, "sim": sim}
-    rows = [("simulator", metrics(sim))]
     real_dir = args.dir / "real"
     if args.reuse_real:
         previous = json.loads((args.dir / "fidelity.json").read_text())
@@ -312,25 +321,21 @@ def main() -> None:
         results["real"] = run_real(workload, args.scale, real_dir, args.port_base, args.timeout)
         print(f"dev cluster: done in {time.perf_counter() - t0:.0f} s wall")
     if "real" in results:
-        rows.append(("dev cluster", metrics(results["real"])))
+        rows.insert(0, ("dev cluster", metrics(results["real"])))
         db = real_dir / "state" / "sia.db"
         render_site(report_from_db(db, title="fidelity: dev cluster"), args.dir / "site-real")
-        restart = measured_restart_s(db)
-        results["measured_restart"] = restart
-        print(
-            f"dev cluster: {restart['count']} (re)starts, idle GPUs {restart['mean_s']:.1f} s "
-            f"mean, {restart['median_s']:.1f} s median each (simulator: app delay / k)"
-        )
-        if restart["count"]:
-            again = run_sim(workload, args.scale, args.dir / "sim", restart["mean_s"])
-            results["sim_measured_restart"] = again
-            rows.append(("sim+restart", metrics(again)))
+        own = measured_restart(db, real_dir / "out", results["real"]["ids"])
+        if own is not None:
+            results["measured_restart"] = dataclasses.asdict(own)
+            again = run_sim(workload, args.scale, args.dir / "sim", "sim-own-restart", own)
+            results["sim_own_restart"] = again
+            rows.append(("sim, run's", metrics(again)))
     print(f"\n{'world':<12} {'done':>5} {'avg JCT (s)':>12} {'makespan (s)':>13}")
     for name, m in rows:
         print(f"{name:<12} {m['completed']:>5} {m['avg_jct_s']:>12.1f} {m['makespan_s']:>13.1f}")
-    if len(rows) >= 2:
-        real = rows[1][1]
-        for name, sim_metrics in [rows[0], *rows[2:]]:
+    if rows[0][0] == "dev cluster":
+        real = rows[0][1]
+        for name, sim_metrics in rows[1:]:
             for key, label in (("avg_jct_s", "avg JCT"), ("makespan_s", "makespan")):
                 diff = (real[key] - sim_metrics[key]) / sim_metrics[key] * 100
                 print(f"{label}: dev cluster vs {name} {diff:+.1f}%")
