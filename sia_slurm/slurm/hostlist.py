@@ -20,7 +20,11 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     if not text or text in ("(null)", "None", "N/A"):
         return ()
     hosts: list[str] = []
-    for item in _split_items(text):
+    try:
+        items = split_top_level(text)
+    except ValueError:
+        raise ValueError(f"unbalanced brackets in host list {text!r}") from None
+    for item in items:
         match = _ITEM.match(item)
         if match is None:
             if "[" in item or "]" in item:
@@ -43,20 +47,23 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
-def _split_items(text: str) -> list[str]:
-    """Split on commas outside brackets."""
+def split_top_level(text: str, brackets: str = "[]", *, strict: bool = True) -> list[str]:
+    """Split ``text`` on the commas outside ``brackets`` (its opening and closing character),
+    stripped, empty items dropped: ``a[1-2],b`` for host lists, ``gpu:a100:4(S:0-1),...`` with
+    ``"()"`` for GRES. ``strict``: unbalanced brackets raise ValueError."""
+    opening, closing = brackets
     items, depth, current = [], 0, []
     for char in text:
-        if char == "[":
+        if char == opening:
             depth += 1
-        elif char == "]":
+        elif char == closing:
             depth -= 1
         if char == "," and depth == 0:
             items.append("".join(current))
             current = []
         else:
             current.append(char)
-    if depth != 0:
-        raise ValueError(f"unbalanced brackets in host list {text!r}")
+    if strict and depth != 0:
+        raise ValueError(f"unbalanced brackets in {text!r}")
     items.append("".join(current))
     return [item.strip() for item in items if item.strip()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sia_slurm.slurm.hostlist import split_top_level
 from sia_slurm.slurm.runner import CommandRunner
 
 # A key starts a new field where a space is followed by `Name=`; values may hold spaces
@@ -108,7 +109,7 @@ def parse_gres(text: str) -> tuple[GresEntry, ...]:
     if not text or text in ("(null)", "N/A"):
         return ()
     entries = []
-    for item in _split_top_level(text):
+    for item in split_top_level(text, "()", strict=False):
         match = _GRES_ITEM.match(item.strip())
         if match is None:
             raise ValueError(f"cannot parse GRES item {item!r} in {text!r}")
@@ -154,20 +155,3 @@ def read_inventory(runner: CommandRunner) -> SlurmInventory:
     partitions = runner.run(["scontrol", "-o", "show", "partition"]).stdout
     nodes = runner.run(["scontrol", "-o", "show", "node"]).stdout
     return SlurmInventory(parse_partitions(partitions), parse_nodes(nodes))
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside parentheses (``gpu:a100:4(S:0-1),...``)."""
-    items, depth, current = [], 0, []
-    for char in text:
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        if char == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    items.append("".join(current))
-    return [item for item in items if item]
