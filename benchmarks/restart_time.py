@@ -1,0 +1,599 @@
+"""What a restart costs on the dev cluster: grant -> training, for Starts and Moves.
+
+    python benchmarks/restart_time.py [--dir /tmp/sia-restart] [--port-base 19817]
+        [--cred-expire 5] [--round-s 6] [--sizes 1,2,4] [--moves 2]
+
+Why: the simulator charges every (re)start a delay, and ``etc/clusters/dev.yaml`` needs the dev
+cluster's own numbers for it (``restart: {start_s, move_s}``): a restart there costs what it costs
+(checkpoint, requeue, Slurm's ``cred_expire`` wait, srun, torchrun, importing torch, restore),
+whatever the time compression of a run. The paper measured its restart delays on its cluster the
+same way: one job at a time, so each number is the cluster's own cost, not queueing.
+
+Two parts:
+
+* **The measurement** (pure, also called by ``benchmarks/fidelity.py`` on its own run):
+  :func:`grant_delays` pairs every Start/Move the controller journalled as done (``actions`` in
+  its SQLite state database; ``created`` is when the round granted the GPUs) with rank 0's first
+  ``restored step ...`` / ``no checkpoint ...: starting from scratch`` line in the job's stdout
+  after it (the ``--output`` file of ``sia-sbatch``, appended to across requeues, which
+  ``sia-sbatch`` asks for with ``--open-mode=append``). The line names the round the run was
+  launched for, which must not be older than the grant's. A grant with no such line before the
+  job's next grant (the job finished, or was stopped again first) is left out and counted apart.
+* **The calibration** (``main``): its own dev cluster (``a100:2x4``), the real controller (Sia,
+  ``--round-s`` rounds), and for each size N of ``--sizes`` ONE rigid emulated trainer of N a100
+  GPUs: it waits until the job trains, then forces ``--moves`` moves by draining the node the job
+  runs on and resuming the other, then cancels it. Prints per kind and size the count, mean,
+  median and max seconds, and the two numbers for ``etc/clusters/dev.yaml`` (means over all
+  sizes); writes ``restart_time.json`` under ``--dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[1]
+GRANT_KINDS = ("start", "move")  # journalled actions that (re)start a job on granted GPUs
+READY_LINE = re.compile(
+    r"(?P<asctime>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(?P<ms>\d{3}) rank0 \S+ \S+ "
+    r"\[round=(?P<round>\d+) job=(?P<job>[^\]\s]+)\] "
+    r"(?:restored step \d+|no checkpoint in .*: starting from scratch)"
+)
+ASCTIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # logging's default asctime, local time, then ",mmm"
+
+T = TypeVar("T")
+
+
+class RestartTimeError(ValueError):
+    """An input cannot be read (names the file and the field) or the calibration failed."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The measurement
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A Start or Move the controller issued successfully: GPUs granted at ``granted``."""
+
+    sia_id: str
+    kind: str
+    gpus: int
+    nodes: tuple[str, ...]
+    round_index: int
+    granted: float  # epoch seconds: actions.created
+
+
+@dataclass(frozen=True)
+class ReadyLine:
+    """Rank 0 of a run launched for ``round_index`` has restored (or found no checkpoint)."""
+
+    sia_id: str
+    round_index: int
+    time: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class GrantDelay:
+    """From a grant to the job training on the granted GPUs."""
+
+    sia_id: str
+    kind: str  # "start" or "move" (the controller's journalled action kind)
+    gpus: int  # GPUs granted
+    granted: float  # epoch seconds: actions.created of the Start/Move in the state DB
+    ready: float  # epoch seconds: rank 0's first ready line after ``granted``
+
+    @property
+    def seconds(self) -> float:
+        return self.ready - self.granted
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Every grant of the jobs measured: paired with its ready line, or not (``unready``)."""
+
+    delays: tuple[GrantDelay, ...]
+    unready: tuple[Grant, ...]  # no ready line before the job's next grant
+    missing_logs: tuple[Path, ...]  # log files that do not exist (their grants are unready)
+
+
+def read_grants(db: Path) -> list[Grant]:
+    """Every Start/Move journalled as ``done`` in the controller's state database, oldest first."""
+    if not db.is_file():
+        raise RestartTimeError(f"{db}: no state database (has the controller run?)")
+    query = (
+        "SELECT id, round_index, sia_id, kind, payload, created FROM actions "
+        f"WHERE state = 'done' AND kind IN ({', '.join('?' * len(GRANT_KINDS))}) "
+        "ORDER BY created, id"
+    )
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            rows = conn.execute(query, GRANT_KINDS).fetchall()
+    except sqlite3.Error as exc:
+        raise RestartTimeError(f"{db}: table actions: cannot read it: {exc}") from None
+    return [_grant(db, *row) for row in rows]
+
+
+def _grant(
+    db: Path, entry_id: int, round_index: int, sia_id: str, kind: str, payload: str, created: float
+) -> Grant:
+    where = f"{db}: actions id {entry_id}: payload"
+    try:
+        document = json.loads(payload)
+        gpus = document["config"]["gpus"]
+        nodes = tuple(str(node) for node, _gpus in document["placement"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RestartTimeError(
+            f"{where}: expected {{config: {{gpus}}, placement: [[node, gpus]]}}: {exc!r}"
+        ) from None
+    if not isinstance(gpus, int) or gpus < 1:
+        raise RestartTimeError(f"{where}.config.gpus: expected a positive integer, got {gpus!r}")
+    return Grant(sia_id, kind, gpus, nodes, int(round_index), float(created))
+
+
+def parse_ready_lines(lines: Iterable[str]) -> list[ReadyLine]:
+    """The ready lines among a job's log lines (any other line is ignored)."""
+    found = []
+    for line in lines:
+        match = READY_LINE.search(line)
+        if match is None:
+            continue
+        try:
+            local = time.mktime(time.strptime(match["asctime"], ASCTIME_FORMAT))
+        except ValueError:  # a matching but impossible date: not a line the trainer wrote
+            continue
+        when = local + int(match["ms"]) / 1000.0
+        found.append(ReadyLine(match["job"], int(match["round"]), when))
+    return found
+
+
+def read_ready_lines(path: Path) -> list[ReadyLine]:
+    """The ready lines of one log file (undecodable bytes are replaced, not fatal)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return parse_ready_lines(handle)
+    except OSError as exc:
+        raise RestartTimeError(f"{path}: cannot read the job log: {exc.strerror or exc}") from None
+
+
+def pair_grants(
+    grants: Sequence[Grant], ready: Sequence[ReadyLine]
+) -> tuple[list[GrantDelay], list[Grant]]:
+    """Each grant with the first ready line of its job at or after it and before the job's next
+    grant, launched for its round or a later one; ``(delays, grants without one)``."""
+    delays: list[GrantDelay] = []
+    unready: list[Grant] = []
+    by_job: dict[str, list[Grant]] = {}
+    for grant in sorted(grants, key=lambda g: g.granted):
+        by_job.setdefault(grant.sia_id, []).append(grant)
+    lines = sorted(ready, key=lambda line: line.time)
+    for sia_id, job_grants in by_job.items():
+        own = [line for line in lines if line.sia_id == sia_id]
+        for grant, following in zip(job_grants, [*job_grants[1:], None], strict=True):
+            end = following.granted if following is not None else float("inf")
+            match = next(
+                (
+                    line
+                    for line in own
+                    if grant.granted <= line.time < end and line.round_index >= grant.round_index
+                ),
+                None,
+            )
+            if match is None:
+                unready.append(grant)
+            else:
+                delays.append(GrantDelay(sia_id, grant.kind, grant.gpus, grant.granted, match.time))
+    delays.sort(key=lambda d: d.granted)
+    return delays, unready
+
+
+def measure(db: Path, logs: Mapping[str, Path]) -> Measurement:
+    """Grant delays of the jobs in ``logs`` (sia id -> stdout file); other jobs are ignored."""
+    grants = [grant for grant in read_grants(db) if grant.sia_id in logs]
+    ready: list[ReadyLine] = []
+    missing = []
+    for sia_id, path in logs.items():
+        if not Path(path).exists():  # never started: Slurm has not opened its output yet
+            missing.append(Path(path))
+            continue
+        ready += [line for line in read_ready_lines(Path(path)) if line.sia_id == sia_id]
+    delays, unready = pair_grants(grants, ready)
+    return Measurement(tuple(delays), tuple(unready), tuple(missing))
+
+
+def grant_delays(db: Path, logs: Mapping[str, Path]) -> list[GrantDelay]:
+    """Grant -> training delays of the jobs in ``logs`` (sia id -> stdout file), oldest first."""
+    return list(measure(db, logs).delays)
+
+
+def summarize(delays: Sequence[GrantDelay]) -> dict[str, dict[str, float]]:
+    """Per kind: count, mean_s, median_s, max_s of the delays (kinds without any are absent)."""
+    summary: dict[str, dict[str, float]] = {}
+    kinds = {d.kind for d in delays}
+    for kind in [*(k for k in GRANT_KINDS if k in kinds), *sorted(kinds - set(GRANT_KINDS))]:
+        seconds = [d.seconds for d in delays if d.kind == kind]
+        summary[kind] = {
+            "count": len(seconds),
+            "mean_s": statistics.fmean(seconds),
+            "median_s": statistics.median(seconds),
+            "max_s": max(seconds),
+        }
+    return summary
+
+
+def summarize_by_size(delays: Sequence[GrantDelay]) -> dict[int, dict[str, dict[str, float]]]:
+    """:func:`summarize` per number of GPUs granted."""
+    return {
+        gpus: summarize([d for d in delays if d.gpus == gpus])
+        for gpus in sorted({d.gpus for d in delays})
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# The calibration run on the dev cluster
+
+CLUSTER_SPEC = "a100:2x4"
+NODES = ("a100-1", "a100-2")
+JOB_ENV = "--export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120"  # as benchmarks/fidelity.py
+# A rigid emulated cifar10 trainer that cannot finish during the calibration (it is cancelled).
+TRAINER = [
+    "python", "-m", "launcher.examples.emulated",
+    "--progress", "raw", "--epochs", "1000000", "--dataset-size", "4096",
+]  # fmt: skip
+GRANT_TIMEOUT_S = 90.0  # from a drain (or a submission) to the controller's grant
+READY_TIMEOUT_S = 180.0  # from the grant to the ready line
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """The command line, validated."""
+
+    directory: Path
+    port_base: int
+    cred_expire: int
+    round_s: float
+    sizes: tuple[int, ...]
+    moves: int
+
+
+@dataclass
+class Site:
+    """The calibration's dev cluster and controller: paths and the environment for commands."""
+
+    directory: Path
+    env: dict[str, str]
+    controller: subprocess.Popen[str] | None = None
+
+    @property
+    def controller_log(self) -> Path:
+        return self.directory / "controller.log"
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.directory / "cluster"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.directory / "state"
+
+    @property
+    def db(self) -> Path:
+        return self.state_dir / "sia.db"
+
+    def log(self, size: int) -> Path:
+        return self.directory / "out" / f"restart-g{size}.out"
+
+    def run(self, argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            list(argv), env=self.env, cwd=REPO, text=True, capture_output=True, check=False
+        )
+        if check and done.returncode != 0:
+            raise RestartTimeError(
+                f"{' '.join(argv[:4])} ... exited {done.returncode}: {done.stderr.strip()[-800:]}"
+            )
+        return done
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run([sys.executable, "-m", "sia_slurm.cli", *args], check=check)
+
+
+def write_config(directory: Path, round_s: float) -> Path:
+    """The controller's config: Sia on the a100 partition, as fidelity.py's but one type."""
+    path = directory / "sia.yaml"
+    path.write_text(
+        f"round_seconds: {round_s:g}\n"
+        f"state_dir: {directory / 'state'}\n"
+        "managed_marker: sia-slurm\n"
+        "dry_run: false\n"
+        "gpu_types:\n  a100: {profile: dgx}\n"
+        "partitions:\n  a100: {gpu_type: a100, gpus_per_node: 4}\n"
+        "policy:\n  name: sia\n"
+        "restart:\n  checkpoint_timeout_s: 60\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def wait_for(
+    probe: Callable[[], T | None],
+    what: str,
+    timeout_s: float,
+    diagnose: Callable[[], str] = str,
+) -> T:
+    """Poll ``probe`` until it returns something, or fail naming ``what`` (and ``diagnose()``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise RestartTimeError(f"timed out after {timeout_s:g} s: {what}\n{diagnose()}".strip())
+        time.sleep(POLL_S)
+
+
+def latest_grant(site: Site, sia_id: str, after: float) -> Grant | None:
+    """The job's newest done Start/Move granted after ``after``, if any."""
+    if site.controller is not None and site.controller.poll() is not None:
+        raise RestartTimeError(
+            f"the controller exited with status {site.controller.returncode}\n"
+            f"{tail(site.controller_log)}"
+        )
+    if not site.db.exists():
+        return None
+    try:
+        grants = [g for g in read_grants(site.db) if g.sia_id == sia_id and g.granted > after]
+    except RestartTimeError:  # the controller is creating the database right now
+        return None
+    return grants[-1] if grants else None
+
+
+def ready_after(site: Site, size: int, grant: Grant) -> GrantDelay | None:
+    """The ready line that answers ``grant``, once the job has written it."""
+    path = site.log(size)
+    if not path.exists():
+        return None
+    delays, _ = pair_grants([grant], read_ready_lines(path))
+    return delays[0] if delays else None
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    if not path.exists():
+        return f"({path} does not exist)"
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    return f"last lines of {path}:\n" + "\n".join(text)
+
+
+def await_training(site: Site, size: int, sia_id: str, kind: str, after: float) -> Grant:
+    """Wait for the controller's ``kind`` grant after ``after``, then for the job to train."""
+    grant = wait_for(
+        lambda: latest_grant(site, sia_id, after),
+        f"the controller to {kind} {sia_id}",
+        GRANT_TIMEOUT_S,
+        lambda: tail(site.controller_log),
+    )
+    if grant.kind != kind:
+        raise RestartTimeError(f"{sia_id}: expected a {kind}, the controller granted {grant}")
+    if grant.gpus != size:
+        raise RestartTimeError(f"{sia_id}: rigid job of {size} GPUs granted {grant.gpus}")
+    delay = wait_for(
+        lambda: ready_after(site, size, grant),
+        f"{sia_id} to train after its {kind} of round {grant.round_index}",
+        READY_TIMEOUT_S,
+        lambda: tail(site.log(size)),
+    )
+    note = f"{kind} to {','.join(grant.nodes)}: training {delay.seconds:.1f} s after"
+    print(f"    {note} the grant (round {grant.round_index})", flush=True)
+    return grant
+
+
+def submit(site: Site, size: int) -> tuple[str, str]:
+    """One rigid emulated trainer of ``size`` a100 GPUs; ``(sia id, Slurm job id)``."""
+    done = site.run(
+        [sys.executable, "-m", "launcher.sbatch", "--parsable", "--app", "cifar10",
+         "--kind", "rigid", "--num-gpus", str(size), "--gpu-type", "a100",
+         "--job-name", f"restart-g{size}", f"--output={site.log(size)}", JOB_ENV,
+         "--", *TRAINER],
+    )  # fmt: skip
+    return done.stderr.strip().rsplit(" ", 1)[-1], done.stdout.strip()
+
+
+def force_move(site: Site, current: Grant) -> None:
+    """Make the job's nodes unusable and the others usable, as an administrator would."""
+    others = [node for node in NODES if node not in current.nodes]
+    scontrol = ["scontrol", "update"]
+    site.run([*scontrol, f"NodeName={','.join(others)}", "State=RESUME"], check=False)
+    site.run(
+        [*scontrol, f"NodeName={','.join(current.nodes)}", "State=DRAIN", "Reason=calibration"]
+    )
+
+
+def left_queue(site: Site, slurm_id: str) -> bool | None:
+    """True once Slurm no longer lists the job (``None`` while it does: keep polling)."""
+    listed = site.run(["squeue", "-h", "-j", slurm_id], check=False).stdout.strip()
+    return None if listed else True
+
+
+def finish_job(site: Site, slurm_id: str) -> None:
+    """Cancel the job, wait until Slurm has let it go, and make every node usable again."""
+    site.run(["scancel", slurm_id], check=False)
+    wait_for(lambda: left_queue(site, slurm_id), f"Slurm job {slurm_id} to leave the queue", 120.0)
+    site.run(["scontrol", "update", f"NodeName={','.join(NODES)}", "State=RESUME"], check=False)
+
+
+def calibrate_size(site: Site, size: int, moves: int) -> str:
+    """One job of ``size`` GPUs: its start, ``moves`` forced moves, its end; returns its sia id."""
+    print(f"  {size} GPU(s):", flush=True)
+    submitted = time.time()
+    sia_id, slurm_id = submit(site, size)
+    try:
+        grant = await_training(site, size, sia_id, "start", submitted)
+        for _ in range(moves):
+            force_move(site, grant)
+            grant = await_training(site, size, sia_id, "move", grant.granted)
+    finally:
+        finish_job(site, slurm_id)
+    return sia_id
+
+
+def prepare_site(options: CalibrationOptions) -> Site:
+    """A fresh state and output directory and the controller's config (nothing started)."""
+    directory = options.directory
+    for stale in (directory / "state", directory / "out"):
+        shutil.rmtree(stale, ignore_errors=True)
+    (directory / "out").mkdir(parents=True)
+    site = Site(directory, {**os.environ, "PYTHONPATH": str(REPO)})
+    site.env["SIA_SLURM_CONFIG"] = str(write_config(directory, options.round_s))
+    return site
+
+
+def start_cluster(site: Site, options: CalibrationOptions) -> None:
+    """The dev cluster, freshly started (a cluster left in the directory would keep its own
+    cred_expire), with ``SLURM_CONF`` in the site's environment."""
+    site.cli("dev-cluster", "down", "--dir", str(site.cluster_dir), check=False)
+    up = site.cli(
+        "dev-cluster", "up", "--dir", str(site.cluster_dir), "--port-base",
+        str(options.port_base), "--spec", CLUSTER_SPEC, "--cred-expire", str(options.cred_expire),
+    )  # fmt: skip
+    site.env["SLURM_CONF"] = up.stdout.strip().split("=", 1)[1]
+
+
+def start_controller(site: Site) -> subprocess.Popen[str]:
+    """``sia-slurm controller run`` in the background, as fidelity.py runs it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sia_slurm.cli", "controller", "run",
+         "--config", site.env["SIA_SLURM_CONFIG"], "--log-file", str(site.controller_log)],
+        env=site.env, cwd=REPO, text=True,
+    )  # fmt: skip
+
+
+def stop_site(site: Site, controller: subprocess.Popen[str] | None) -> None:
+    """Stop the controller (it finishes its round), then the dev cluster."""
+    if controller is not None:
+        controller.send_signal(signal.SIGTERM)
+        try:
+            controller.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+            controller.wait()
+    site.cli("dev-cluster", "down", "--dir", str(site.cluster_dir), check=False)
+
+
+def calibrate(options: CalibrationOptions) -> tuple[Measurement, dict[str, str]]:
+    """The whole calibration; returns the measurement and the jobs (size -> sia id)."""
+    site = prepare_site(options)
+    controller: subprocess.Popen[str] | None = None
+    jobs: dict[str, str] = {}
+    try:
+        start_cluster(site, options)
+        controller = site.controller = start_controller(site)
+        for size in options.sizes:
+            jobs[str(size)] = calibrate_size(site, size, options.moves)
+        logs = {sia_id: site.log(int(size)) for size, sia_id in jobs.items()}
+        return measure(site.db, logs), jobs
+    finally:
+        stop_site(site, controller)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+
+
+def parse_options(argv: Sequence[str] | None = None) -> CalibrationOptions:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/sia-restart"))
+    parser.add_argument("--port-base", type=int, default=19817)
+    parser.add_argument("--cred-expire", type=int, default=5, help="Slurm's requeue floor, s")
+    parser.add_argument("--round-s", type=float, default=6.0, help="controller round, s")
+    parser.add_argument("--sizes", default="1,2,4", help="GPUs per job, comma separated")
+    parser.add_argument("--moves", type=int, default=2, help="forced moves per job")
+    args = parser.parse_args(argv)
+    try:
+        sizes = tuple(int(word) for word in args.sizes.split(","))
+    except ValueError:
+        parser.error(f"--sizes: expected integers separated by commas, got {args.sizes!r}")
+    if not sizes or any(size not in (1, 2, 4) for size in sizes):
+        parser.error(f"--sizes: each size must be 1, 2 or 4 (one a100 node), got {args.sizes!r}")
+    if args.moves < 0:
+        parser.error(f"--moves: expected 0 or more, got {args.moves}")
+    if not args.round_s > 0:
+        parser.error(f"--round-s: expected a positive number, got {args.round_s}")
+    if not 5 <= args.cred_expire <= 3600:
+        parser.error(
+            f"--cred-expire: expected 5..3600 (dev-cluster up's range), got {args.cred_expire}"
+        )
+    return CalibrationOptions(
+        args.dir.absolute(), args.port_base, args.cred_expire, args.round_s, sizes, args.moves
+    )
+
+
+def table(delays: Sequence[GrantDelay]) -> list[str]:
+    """Per size and kind, then per kind over all sizes: count, mean, median, max seconds."""
+    groups = [(str(gpus), kinds) for gpus, kinds in summarize_by_size(delays).items()]
+    rows = [f"{'kind':<6} {'GPUs':>4} {'count':>5} {'mean s':>7} {'median s':>8} {'max s':>6}"]
+    for gpus, kinds in [*groups, ("all", summarize(delays))]:
+        rows += [
+            f"{kind:<6} {gpus:>4} {s['count']:>5.0f} {s['mean_s']:>7.1f} "
+            f"{s['median_s']:>8.1f} {s['max_s']:>6.1f}"
+            for kind, s in kinds.items()
+        ]
+    return rows
+
+
+def report(
+    options: CalibrationOptions, measurement: Measurement, jobs: dict[str, str], wall: float
+) -> dict[str, Any]:
+    """Print the table and the numbers for ``etc/clusters/dev.yaml``; returns the JSON result."""
+    delays = measurement.delays
+    summary = summarize(delays)
+    numbers = {f"{k}_s": round(summary[k]["mean_s"], 1) for k in GRANT_KINDS if k in summary}
+    print("\n" + "\n".join(table(delays)))
+    print(f"\n{len(measurement.unready)} grant(s) without a ready line left out")
+    print("for etc/clusters/dev.yaml:\nrestart:")
+    print("".join(f"  {key}: {value}\n" for key, value in numbers.items()))
+    print(f"wall time {wall:.0f} s")
+    return {
+        "options": {**asdict(options), "directory": str(options.directory)},
+        "jobs": jobs,
+        "delays": [{**asdict(d), "seconds": d.seconds} for d in delays],
+        "unready": [asdict(g) for g in measurement.unready],
+        "summary": summary,
+        "by_size": summarize_by_size(delays),
+        "restart": numbers,
+        "wall_s": wall,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    options = parse_options(argv)
+    print(
+        f"restart time on the dev cluster ({CLUSTER_SPEC}, cred_expire {options.cred_expire} s, "
+        f"rounds {options.round_s:g} s): sizes {options.sizes}, {options.moves} move(s) each",
+        flush=True,
+    )
+    started = time.perf_counter()
+    try:
+        measurement, jobs = calibrate(options)
+    except RestartTimeError as exc:
+        raise SystemExit(f"restart_time: {exc}") from None
+    result = report(options, measurement, jobs, time.perf_counter() - started)
+    path = options.directory / "restart_time.json"
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
