@@ -30,7 +30,7 @@ from pathlib import Path
 
 from sia_slurm.cluster import JobPhase
 from sia_slurm.config import SiaConfig, load_config
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
+from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.protocol import JobSpec, StatePaths, write_document
 from sia_slurm.service import RoundReport, open_controller, run_round
 from sia_slurm.slurm.backend import SlurmBackend
@@ -49,21 +49,6 @@ STAGES = (
     ("apply", "apply_s"),
     ("round", "round_s"),
 )
-CONFIG = """\
-round_seconds: 10
-state_dir: {state_dir}
-dry_run: false
-gpu_types:
-  a100: {{profile: dgx}}
-  rtx: {{profile: rtx}}
-  t4: {{profile: t4}}
-partitions:
-  a100: {{gpu_type: a100, gpus_per_node: 4}}
-  rtx: {{gpu_type: rtx, gpus_per_node: 4}}
-  t4: {{gpu_type: t4, gpus_per_node: 4}}
-policy: {{name: sia, lambda_a: 0.01}}  # as etc/sia.yaml: keep equivalent allocations
-restart: {{checkpoint_timeout_s: 30}}
-"""
 
 
 def submit(cluster: DevCluster, paths: StatePaths, sia_id: str) -> str:
@@ -154,7 +139,14 @@ def main() -> None:
     cluster = DevCluster(root / "cluster", port_base=args.port_base)
     cluster.up(DevClusterSpec.parse(DEFAULT_SPEC))
     config_path = root / "sia.yaml"
-    config_path.write_text(CONFIG.format(state_dir=root / "state"))
+    config = controller_config(
+        DevClusterSpec.parse(DEFAULT_SPEC),
+        root / "state",
+        round_seconds=10,
+        policy_params={"lambda_a": 0.01},  # as etc/sia.yaml: keep equivalent allocations
+        checkpoint_timeout_s=30,
+    )
+    config_path.write_text(config)
     try:
         run(load_config(config_path), config_path, cluster, args.jobs, args.rounds)
     finally:

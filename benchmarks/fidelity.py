@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.restart_time import grant_delays, summarize  # noqa: E402
-
+from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.report import render_site, report_from_db  # noqa: E402
 from sia_slurm.sim.apptruth import AppTruth  # noqa: E402
 from sia_slurm.sim.clusterfile import ClusterRestart, load_cluster  # noqa: E402
@@ -125,20 +125,9 @@ def job_command(truth: AppTruth, scale: float) -> list[str]:
 
 def write_config(directory: Path, round_s: float) -> Path:
     path = directory / "sia.yaml"
-    path.write_text(
-        f"round_seconds: {round_s:g}\n"
-        f"state_dir: {directory / 'state'}\n"
-        "managed_marker: sia-slurm\n"
-        "dry_run: false\n"
-        "gpu_types:\n  a100: {profile: dgx}\n  rtx: {profile: rtx}\n  t4: {profile: t4}\n"
-        "partitions:\n"
-        "  a100: {gpu_type: a100, gpus_per_node: 4}\n"
-        "  rtx: {gpu_type: rtx, gpus_per_node: 4}\n"
-        "  t4: {gpu_type: t4, gpus_per_node: 4}\n"
-        "policy:\n  name: sia\n"
-        "restart:\n  checkpoint_timeout_s: 60\n",
-        encoding="utf-8",
-    )
+    spec = DevClusterSpec.parse(DEV_SPEC)
+    text = controller_config(spec, directory / "state", round_seconds=round_s)
+    path.write_text(text, encoding="utf-8")
     return path
 
 

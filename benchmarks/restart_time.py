@@ -46,6 +46,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
+
 GRANT_KINDS = ("start", "move")  # journalled actions that (re)start a job on granted GPUs
 READY_LINE = re.compile(
     r"(?P<asctime>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(?P<ms>\d{3}) rank0 \S+ \S+ "
@@ -314,17 +319,10 @@ class Site:
 def write_config(directory: Path, round_s: float) -> Path:
     """The controller's config: Sia on the a100 partition, as fidelity.py's but one type."""
     path = directory / "sia.yaml"
-    path.write_text(
-        f"round_seconds: {round_s:g}\n"
-        f"state_dir: {directory / 'state'}\n"
-        "managed_marker: sia-slurm\n"
-        "dry_run: false\n"
-        "gpu_types:\n  a100: {profile: dgx}\n"
-        "partitions:\n  a100: {gpu_type: a100, gpus_per_node: 4}\n"
-        "policy:\n  name: sia\n"
-        "restart:\n  checkpoint_timeout_s: 60\n",
-        encoding="utf-8",
+    text = controller_config(
+        DevClusterSpec.parse(CLUSTER_SPEC), directory / "state", round_seconds=round_s
     )
+    path.write_text(text, encoding="utf-8")
     return path
 
 

@@ -47,25 +47,8 @@ cluster_env=$(sia-slurm dev-cluster up --dir "$dir/cluster" --port-base "$port_b
 eval "$cluster_env"
 export SLURM_CONF
 
-cat >"$config" <<EOF
-# Written by scripts/demo.sh: the dev cluster's three partitions, 15 s rounds, really acting.
-round_seconds: $round_s
-state_dir: $state
-managed_marker: sia-slurm
-dry_run: false
-gpu_types:
-  a100: {profile: dgx}
-  rtx: {profile: rtx}
-  t4: {profile: t4}
-partitions:
-  a100: {gpu_type: a100, gpus_per_node: 4}
-  rtx: {gpu_type: rtx, gpus_per_node: 4}
-  t4: {gpu_type: t4, gpus_per_node: 4}
-policy:
-  name: sia
-restart:
-  checkpoint_timeout_s: 60
-EOF
+# The dev cluster's three partitions, $round_s s rounds, really acting.
+sia-slurm dev-cluster config --state-dir "$state" --round-seconds "$round_s" >"$config"
 sia-slurm config check --live "$config"
 export SIA_SLURM_CONFIG=$config
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec
+from sia_slurm.config import parse_config
+from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_config
 from sia_slurm.devcluster.cluster import DevCluster, DevClusterError, find_binaries
 from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
 from sia_slurm.slurm.inventory import parse_records
@@ -96,3 +97,35 @@ def test_corrupt_record_is_reported(tmp_path: Path) -> None:
     (tmp_path / "cluster.json").write_text("{not json")
     with pytest.raises(DevClusterError, match="unreadable record of the dev cluster"):
         DevCluster(tmp_path).status()
+
+
+def test_controller_config_manages_every_partition_of_the_spec(tmp_path: Path) -> None:
+    spec = DevClusterSpec.parse("a100:1x2,t4:2x4,v100:1x8")
+    text = controller_config(
+        spec,
+        tmp_path / "state",
+        round_seconds=6,
+        policy_params={"lambda_a": 0.01},
+        checkpoint_timeout_s=30,
+        comment="made by a test",
+    )
+    assert text.startswith("# made by a test\n")
+    config = parse_config(text)
+    assert [(p.name, p.gpu_type, p.gpus_per_node) for p in config.partitions] == [
+        ("a100", "a100", 2),
+        ("t4", "t4", 4),
+        ("v100", "v100", 8),
+    ]
+    assert {t.name: t.profile for t in config.gpu_types} == {
+        "a100": "dgx",
+        "t4": "t4",
+        "v100": "v100",
+    }
+    assert config.round_seconds == 6 and config.state_dir == tmp_path / "state"
+    assert config.policy.name == "sia" and config.policy.params.lambda_a == 0.01
+    assert config.restart.checkpoint_timeout_s == 30 and not config.dry_run
+
+
+def test_controller_config_refuses_a_name_among_the_policy_params(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="policy="):
+        controller_config(DevClusterSpec.parse("a100:1x2"), tmp_path, policy_params={"name": "x"})

@@ -7,7 +7,13 @@ from pathlib import Path
 import click
 
 from sia_slurm.cli import CONTEXT_SETTINGS
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterError, DevClusterSpec
+from sia_slurm.devcluster import (
+    DEFAULT_SPEC,
+    DevCluster,
+    DevClusterError,
+    DevClusterSpec,
+    controller_config,
+)
 from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE
 
 _DIR = click.option(
@@ -116,3 +122,45 @@ def status(root: Path) -> None:
         raise SystemExit(1) from None
     if not cluster.is_up():
         raise SystemExit(1)
+
+
+@dev_cluster.command(
+    "config",
+    help="""Print a controller config (sia.yaml) for a dev cluster of this shape.
+
+\b
+One GPU type and one partition per spec group, profiles a100 -> dgx,
+rtx -> rtx, t4 -> t4 (other types: their own name), state under
+STATE_DIR. Check it with `sia-slurm config check --live FILE`.
+""",
+)
+@click.option(
+    "--spec",
+    default=DEFAULT_SPEC,
+    show_default=True,
+    help="Cluster shape: GPU type, nodes and GPUs per node.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The controller's state directory (SQLite database, job files, metrics spool).",
+)
+@click.option("--round-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Seconds between controller rounds.")  # fmt: skip
+@click.option("--policy", default="sia", show_default=True, help="sia, pollux, gavel or fifo.")
+@click.option("--dry-run", is_flag=True, help="Observe and decide, change nothing.")
+def config(spec: str, state_dir: Path, round_seconds: float, policy: str, dry_run: bool) -> None:
+    try:
+        parsed = DevClusterSpec.parse(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--spec") from None
+    text = controller_config(
+        parsed,
+        state_dir.absolute(),
+        round_seconds=round_seconds,
+        policy=policy,
+        dry_run=dry_run,
+        comment=f"Written by `sia-slurm dev-cluster config --spec {parsed}`.",
+    )
+    click.echo(text, nl=False)

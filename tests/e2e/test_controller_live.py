@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:  # so `tests.*` helpers import however pytest was 
 from sia_slurm.cluster import BatchChoice, JobPhase, Move, Start  # noqa: E402
 from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.core import Configuration  # noqa: E402
-from sia_slurm.devcluster import DevCluster  # noqa: E402
+from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.policy.base import NodeShare  # noqa: E402
 from sia_slurm.protocol import (  # noqa: E402
     Assignment,
@@ -53,21 +53,6 @@ pytestmark = pytest.mark.slurm
 
 SEED_PROFILE = REPO / "profiles" / "cifar10" / "seed.csv"
 ROUND_TIMEOUT_S = 120.0
-CONFIG = """\
-round_seconds: 10
-state_dir: {state_dir}
-dry_run: false
-gpu_types:
-  a100: {{profile: dgx}}
-  rtx: {{profile: rtx}}
-  t4: {{profile: t4}}
-partitions:
-  a100: {{gpu_type: a100, gpus_per_node: 4}}
-  rtx: {{gpu_type: rtx, gpus_per_node: 4}}
-  t4: {{gpu_type: t4, gpus_per_node: 4}}
-policy: {{name: sia, lambda_a: 0.01}}  # as etc/sia.yaml: keep equivalent allocations
-restart: {{checkpoint_timeout_s: 30}}
-"""
 
 
 @dataclass(frozen=True)
@@ -299,7 +284,15 @@ def wait_for(
 def site(dev_cluster: DevCluster, slurm_env: dict[str, str], tmp_path: Path) -> Iterator[Site]:
     paths = StatePaths(tmp_path / "state")
     config_path = tmp_path / "sia.yaml"
-    config_path.write_text(CONFIG.format(state_dir=paths.state_dir))
+    # lambda_a 0.01 as etc/sia.yaml: keep equivalent allocations instead of swapping them.
+    config = controller_config(
+        DevClusterSpec.parse(DEFAULT_SPEC),
+        paths.state_dir,
+        round_seconds=10,
+        policy_params={"lambda_a": 0.01},
+        checkpoint_timeout_s=30,
+    )
+    config_path.write_text(config)
     submitter = LiveSubmitter(dev_cluster, paths, dev_cluster.runner())
     site = Site(dev_cluster, tmp_path, submitter, config_path, tmp_path / "controller.jsonl")
     nodes = [f"{t}-{i}" for t in ("a100", "rtx", "t4") for i in (1, 2)]

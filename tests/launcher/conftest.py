@@ -9,20 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.jobenv import JobEnvironment
-
-CONFIG = """\
-state_dir: {state_dir}
-managed_marker: sia-slurm
-dry_run: false
-gpu_types:
-  a100: {{profile: dgx}}
-  rtx: {{profile: rtx}}
-  t4: {{profile: t4}}
-partitions:
-  a100: {{gpu_type: a100, gpus_per_node: 4}}
-  rtx: {{gpu_type: rtx, gpus_per_node: 4}}
-  t4: {{gpu_type: t4, gpus_per_node: 4}}
-"""
+from sia_slurm.devcluster import DEFAULT_SPEC, DevClusterSpec, controller_config
 
 # Limits small enough that a move to rtx needs gradient accumulation; step times that differ
 # per type so the emulated trainer's reports show which type it ran on.
@@ -47,7 +34,8 @@ t4,16,1,0.080,0.0005
 def write_config(directory: Path) -> Path:
     """A sia.yaml with the dev cluster's partitions and its state directory under ``directory``."""
     path = directory / "sia.yaml"
-    path.write_text(CONFIG.format(state_dir=directory / "state"))
+    spec = DevClusterSpec.parse(DEFAULT_SPEC)
+    path.write_text(controller_config(spec, directory / "state", checkpoint_timeout_s=120))
     return path
 
 
