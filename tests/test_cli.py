@@ -29,6 +29,7 @@ def test_expected_commands_exist() -> None:
         ("dev-cluster", "up"),
         ("dev-cluster", "down"),
         ("dev-cluster", "status"),
+        ("dev-cluster", "config"),
     ]:
         assert command in COMMANDS
 
@@ -94,6 +95,24 @@ def test_dev_cluster_bad_spec_is_a_usage_error() -> None:
     result = CliRunner().invoke(cli, ["dev-cluster", "up", "--spec", "a100:2by4"])
     assert result.exit_code == 2
     assert "bad cluster spec part 'a100:2by4'" in result.output
+
+
+def test_dev_cluster_config_passes_config_check(tmp_path) -> None:
+    runner = CliRunner()
+    made = runner.invoke(
+        cli,
+        ["dev-cluster", "config", "--spec", "a100:1x2,t4:2x4", "--state-dir", str(tmp_path / "s"),
+         "--round-seconds", "6", "--dry-run"],
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    config = tmp_path / "sia.yaml"
+    config.write_text(made.output)
+    checked = runner.invoke(cli, ["config", "check", str(config)])
+    assert checked.exit_code == 0, checked.output
+    assert "t4: {gpu_type: t4, gpus_per_node: 4}" in made.output
+    assert "dry_run: true" in made.output and "round_seconds: 6.0" in made.output
+    bad = runner.invoke(cli, ["dev-cluster", "config", "--spec", "x", "--state-dir", "/tmp/s"])
+    assert bad.exit_code == 2 and "bad cluster spec part 'x'" in bad.output
 
 
 def test_sia_sbatch_needs_a_training_command(tmp_path, monkeypatch) -> None:
