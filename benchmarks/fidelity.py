@@ -196,7 +196,8 @@ def submit_all(
         result = subprocess.run(
             [sys.executable, "-m", "launcher.sbatch", "--app", job.application,
              "--job-name", job.name, f"--output={directory / 'out' / job.name}.out",
-             "--restart-cost", f"{truth.restart.assumed_s:g}",
+             # What the simulated policy is told (compressed_truth): the app's assumed cost / k.
+             "--restart-cost", f"{truth.restart.assumed_s / scale:g}",
              "--export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120",
              "--", *job_command(truth, scale)],
             env=env, cwd=REPO, text=True, capture_output=True, check=False,
