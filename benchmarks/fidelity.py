@@ -49,7 +49,7 @@ from sia_slurm.sim.clusterfile import ClusterRestart, load_cluster  # noqa: E402
 from sia_slurm.sim.inputs import load_inputs, load_workload_truths  # noqa: E402
 from sia_slurm.sim.restart import RestartDelay  # noqa: E402
 from sia_slurm.sim.run import SimulationConfig, simulate  # noqa: E402
-from sia_slurm.sim.workload import Workload, load_workload  # noqa: E402
+from sia_slurm.sim.workload import Workload, WorkloadJob, load_workload  # noqa: E402
 
 PHOEBE = REPO / "data" / "workloads" / "phoebe.csv"
 DEV_CLUSTER = REPO / "etc" / "clusters" / "dev.yaml"
@@ -177,6 +177,20 @@ def run_real(
         cli("dev-cluster", "down", "--dir", str(directory / "cluster"), env=env)
 
 
+def sbatch_argv(job: WorkloadJob, truth: AppTruth, scale: float, out_dir: Path) -> list[str]:
+    """``sia-sbatch`` for one job: the emulated trainer of :func:`job_command`, and the restart
+    cost the simulated policy is told for the app (:func:`compressed_truth`: its assumed cost /
+    k), so both controllers weigh restarts alike."""
+    restart_cost = compressed_truth(truth, scale).restart.assumed_s
+    return [
+        sys.executable, "-m", "launcher.sbatch", "--app", job.application,
+        "--job-name", job.name, f"--output={out_dir / job.name}.out",
+        "--restart-cost", f"{restart_cost!r}",
+        "--export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120",
+        "--", *job_command(truth, scale),
+    ]  # fmt: skip
+
+
 def submit_all(
     workload: Workload,
     truths: dict[str, AppTruth],
@@ -192,14 +206,8 @@ def submit_all(
         delay = started + job.submit_time - time.time()
         if delay > 0:
             time.sleep(delay)
-        truth = truths[job.application]
         result = subprocess.run(
-            [sys.executable, "-m", "launcher.sbatch", "--app", job.application,
-             "--job-name", job.name, f"--output={directory / 'out' / job.name}.out",
-             # What the simulated policy is told (compressed_truth): the app's assumed cost / k.
-             "--restart-cost", f"{truth.restart.assumed_s / scale:g}",
-             "--export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120",
-             "--", *job_command(truth, scale)],
+            sbatch_argv(job, truths[job.application], scale, directory / "out"),
             env=env, cwd=REPO, text=True, capture_output=True, check=False,
         )  # fmt: skip
         if result.returncode != 0:
