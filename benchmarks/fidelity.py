@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=10.0, help="time compression k")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/sia-fidelity"))
     parser.add_argument("--port-base", type=int, default=21817)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="real run limit, s")
+    parser.add_argument("--timeout", type=float, default=5400.0, help="real run limit, s")
     parser.add_argument("--sim-only", action="store_true", help="skip the dev-cluster run")
     parser.add_argument(
         "--reuse-real",
