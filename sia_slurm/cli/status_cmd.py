@@ -8,6 +8,7 @@ asks for the status most when something is wrong.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,11 +44,21 @@ class JobLine:
 
 
 def live_snapshot(ctx: click.Context, config: SiaConfig) -> tuple[ClusterSnapshot | None, str]:
-    """A fresh snapshot, or ``None`` and why not."""
+    """A fresh snapshot, or ``None`` and why not.
+
+    The backend's warnings about rejected inputs (e.g. the metrics file of every job that has
+    finished and left Slurm) are the controller's to log, once each; a fresh ``status`` or
+    ``explain`` process would print them all every time, above the view that was asked for.
+    """
+    backend_log = logging.getLogger("sia_slurm.slurm")
+    level = backend_log.level
+    backend_log.setLevel(logging.ERROR)
     try:
         return backend_factory(ctx)(config).snapshot(), ""
     except Exception as exc:  # any backend failure: fall back to the database's view
         return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        backend_log.setLevel(level)
 
 
 def gpu_table(store: Store, snapshot: ClusterSnapshot | None) -> dict[str, dict[str, int]]:

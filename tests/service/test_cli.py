@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,29 @@ def test_status_shows_gpu_types_and_jobs(setup: tuple[Path, FakeCluster]) -> Non
     assert data["live"] and {j["sia_id"] for j in data["jobs"]} == {"train-a", "train-b"}
     allocated = sum(c["allocated"] for c in data["gpu_types"].values())
     assert allocated == sum(j.config.gpus for j in cluster.jobs.values() if j.config)
+
+
+def test_status_and_explain_do_not_repeat_the_backends_warnings(
+    setup: tuple[Path, FakeCluster],
+) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 2)
+
+    class Noisy:
+        def __init__(self, _config: object) -> None:
+            pass
+
+        def snapshot(self):  # type: ignore[no-untyped-def]
+            logging.getLogger("sia_slurm.slurm.backend").warning("spool/x.json: no managed job")
+            return cluster.snapshot()
+
+    for args in (["status"], ["explain", "train-a"]):
+        result = CliRunner().invoke(
+            cli, [*args, "--config", str(config)], obj={"backend_factory": Noisy}
+        )
+        assert result.exit_code == 0, result.output
+        assert "no managed job" not in result.output
+    assert logging.getLogger("sia_slurm.slurm").level == logging.NOTSET  # restored
 
 
 def test_status_falls_back_to_the_database(setup: tuple[Path, FakeCluster]) -> None:
