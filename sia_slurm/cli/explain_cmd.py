@@ -137,22 +137,11 @@ def explain(
     sia = params or SiaPolicyConfig()
     if params is None:
         click.echo(f"(policy {config.policy.name}: the row uses Sia's default parameters)")
-    spec = record.spec
-    view = JobView(
-        job_id=job_id,
-        kind=spec.kind,
-        estimator=record.estimator,
-        age=max(now - spec.submit_time, 0.0),
-        submit_time=spec.submit_time,
+    view = record.view(
+        now=now,
         restarts=restarts,
-        restart_cost=spec.restart_cost,
         current=current,
         placement=placement,
-        min_gpus=spec.min_gpus,
-        max_gpus=spec.max_gpus,
-        max_gpus_seen=record.max_gpus_seen,
-        requested_gpus=spec.requested_gpus,
-        requested_gpu_type=spec.requested_gpu_type,
         restoring=phase == JobPhase.STARTING.value and current is not None,
     )
     _explain_row(view, ClusterView(tuple(nodes)), sia)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sia_slurm.core import JobKind
+from sia_slurm.core import Configuration, JobKind
 from sia_slurm.model import (
     AppProfile,
     GradientStats,
@@ -20,6 +20,7 @@ from sia_slurm.model import (
     ProfileSet,
 )
 from sia_slurm.model.profile import load_app_profile
+from sia_slurm.policy.base import JobView, NodeShare
 from sia_slurm.protocol import JobSpec, MetricsReport
 
 
@@ -74,6 +75,39 @@ class JobRecord:
     max_gpus_seen: int = 0
     reports: int = 0
     last_report_time: float = float("-inf")
+
+    def view(
+        self,
+        *,
+        now: float,
+        restarts: int,
+        current: Configuration | None,
+        placement: tuple[NodeShare, ...],
+        restoring: bool,
+    ) -> JobView:
+        """The policies' view of the job at ``now``: its spec and model, with what it holds.
+
+        The round takes ``restarts``, ``current`` and ``placement`` from the cluster's snapshot;
+        ``sia-slurm explain`` from the snapshot or, offline, from the state database.
+        """
+        spec = self.spec
+        return JobView(
+            job_id=spec.sia_id,
+            kind=spec.kind,
+            estimator=self.estimator,
+            age=max(now - spec.submit_time, 0.0),
+            submit_time=spec.submit_time,
+            restarts=restarts,
+            restart_cost=spec.restart_cost,
+            current=current,
+            placement=placement,
+            min_gpus=spec.min_gpus,
+            max_gpus=spec.max_gpus,
+            max_gpus_seen=self.max_gpus_seen,
+            requested_gpus=spec.requested_gpus,
+            requested_gpu_type=spec.requested_gpu_type,
+            restoring=restoring,
+        )
 
     def ingest(self, report: MetricsReport) -> None:
         """Feed one metrics report to the job's goodput model (throughput and statistics)."""

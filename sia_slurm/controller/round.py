@@ -174,24 +174,12 @@ class Controller:
         return []
 
     def _view(self, job: JobSnapshot, now: float) -> JobView:
-        record = self.jobs[job.sia_id]
-        spec = job.spec
         holds = job.phase.holds_gpus
-        return JobView(
-            job_id=job.sia_id,
-            kind=spec.kind,
-            estimator=record.estimator,
-            age=max(now - spec.submit_time, 0.0),
-            submit_time=spec.submit_time,
+        return self.jobs[job.sia_id].view(
+            now=now,
             restarts=job.restarts,
-            restart_cost=spec.restart_cost,
             current=job.config if holds else None,
             placement=job.placement if holds else (),
-            min_gpus=spec.min_gpus,
-            max_gpus=spec.max_gpus,
-            max_gpus_seen=record.max_gpus_seen,
-            requested_gpus=spec.requested_gpus,
-            requested_gpu_type=spec.requested_gpu_type,
             restoring=job.phase is JobPhase.STARTING,
         )
 
