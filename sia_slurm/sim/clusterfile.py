@@ -76,9 +76,9 @@ class ClusterRestart:
     move_s: float  # a Move (stop, requeue and start again in the same round)
 
     def __post_init__(self) -> None:
-        for name in ("start_s", "move_s"):
+        for name in _RESTART_KEYS:
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            if not _is_seconds(value):
                 raise ValueError(f"{name}: expected a number of seconds >= 0, got {value!r}")
 
 
@@ -210,6 +210,16 @@ def _gpu_types(
     return tuple(types)
 
 
+def _is_seconds(value: Any) -> bool:
+    """A finite number of seconds >= 0 (YAML's ``yes`` is a bool, not a number)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 def _restart(value: Any, source: YamlSource) -> ClusterRestart | None:
     keypath: KeyPath = ("restart",)
     if not isinstance(value, dict):
@@ -219,11 +229,7 @@ def _restart(value: Any, source: YamlSource) -> ClusterRestart | None:
     seconds = {}
     for key in _RESTART_KEYS:
         number = value.get(key)
-        if (
-            isinstance(number, bool)
-            or not isinstance(number, int | float)
-            or not (math.isfinite(number) and number >= 0)
-        ):
+        if not _is_seconds(number):
             source.issue((*keypath, key), f"expected a number of seconds >= 0, got {number!r}")
         else:
             seconds[key] = float(number)

@@ -21,21 +21,10 @@ from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import SIA_ID
 from sia_slurm.slurm.jobfiles import SlurmRecord
-from sia_slurm.slurm.jsonparse import SlurmJob
+from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob
 
 # Slurm states that end a job badly (COMPLETED is the good one).
-_FAILED_STATES = frozenset(
-    {
-        "CANCELLED",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
-    }
-)
+_FAILED_STATES = FINISHED_STATES - {"COMPLETED"}
 
 
 @dataclass(frozen=True)
