@@ -28,7 +28,7 @@ from typing import TypeVar
 from sia_slurm.cluster import BatchChoice, JobPhase, Rebatch, Start, Stop
 from sia_slurm.config import parse_config
 from sia_slurm.core import Configuration
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
+from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec, StatePaths, write_document
 from sia_slurm.slurm.backend import SlurmBackend
@@ -132,13 +132,8 @@ def main() -> None:
 
 def run(cluster: DevCluster, state_dir: Path, jobs: int, running: int) -> None:
     paths = StatePaths(state_dir)
-    config = parse_config(
-        f"state_dir: {state_dir}\npartitions:\n"
-        "  a100: {gpu_type: a100, gpus_per_node: 4}\n"
-        "  rtx: {gpu_type: rtx, gpus_per_node: 4}\n"
-        "  t4: {gpu_type: t4, gpus_per_node: 4}\n"
-        "restart: {checkpoint_timeout_s: 30}\n"
-    )
+    spec = DevClusterSpec.parse(DEFAULT_SPEC)
+    config = parse_config(controller_config(spec, state_dir, checkpoint_timeout_s=30))
     runner = CountingRunner(cluster.runner(timeout_s=60))
     backend = SlurmBackend(config, runner)
     ids = [f"bench-{i:03d}" for i in range(jobs)]

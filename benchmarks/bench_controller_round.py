@@ -136,11 +136,12 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=19817)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sia-bench-round-"))
+    spec = DevClusterSpec.parse(DEFAULT_SPEC)
     cluster = DevCluster(root / "cluster", port_base=args.port_base)
-    cluster.up(DevClusterSpec.parse(DEFAULT_SPEC))
+    cluster.up(spec)
     config_path = root / "sia.yaml"
     config = controller_config(
-        DevClusterSpec.parse(DEFAULT_SPEC),
+        spec,
         root / "state",
         round_seconds=10,
         policy_params={"lambda_a": 0.01},  # as etc/sia.yaml: keep equivalent allocations
