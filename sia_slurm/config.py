@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
-from sia_slurm.policy.registry import POLICIES
+from sia_slurm.policy.settings import POLICY_PARAMS
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
 
 DEFAULT_CONFIG_PATH = Path("/etc/sia-slurm/sia.yaml")
@@ -352,11 +352,13 @@ def _policy(value: Any, source: YamlSource) -> PolicySettings | None:
         source.issue(("policy",), f"expected a mapping of settings, got {_kind(value)}")
         return None
     name = value.get("name", "sia")
-    if name not in POLICIES:
-        source.issue(("policy", "name"), f"expected one of {', '.join(POLICIES)}, got {name!r}")
+    if name not in POLICY_PARAMS:
+        source.issue(
+            ("policy", "name"), f"expected one of {', '.join(POLICY_PARAMS)}, got {name!r}"
+        )
         return None
     params = _dataclass(
-        POLICIES[name].config_type,
+        POLICY_PARAMS[name],
         {k: v for k, v in value.items() if k != "name"},
         ("policy",),
         source,

@@ -3,14 +3,53 @@
 Reference sections 2 and 3. A policy needs only :class:`JobGoodputEstimator` (it implements
 :class:`sia_slurm.core.GoodputEstimator`); the simulator and controller also feed it
 :class:`Observation` and :class:`GradientStats`. Profiles come from :func:`load_profiles`.
+
+The names below are imported on first use (PEP 562): the job side reads profiles and gradient
+statistics on every start, and must not pay for the fitting stack (scipy.optimize, about a
+quarter of a CPU-second) that only the controller and the simulator use. The function
+``efficiency`` is not re-exported: lazily, the submodule of the same name would shadow it.
 """
 
-from sia_slurm.model.batch import BatchLimits, optimize_batch_size
-from sia_slurm.model.efficiency import GradientStats, efficiency, gain
-from sia_slurm.model.estimator import JobGoodputEstimator, TypeModel, evaluate_jobs
-from sia_slurm.model.fit import Observation, fit_observations, fit_throughput_params
-from sia_slurm.model.profile import AppProfile, GpuType, ProfileError, ProfileSet, load_profiles
-from sia_slurm.model.throughput import StackedParams, ThroughputParams
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sia_slurm.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from sia_slurm.model.batch import BatchLimits, optimize_batch_size
+    from sia_slurm.model.efficiency import GradientStats, gain
+    from sia_slurm.model.estimator import JobGoodputEstimator, TypeModel, evaluate_jobs
+    from sia_slurm.model.fit import fit_observations, fit_throughput_params
+    from sia_slurm.model.observation import Observation
+    from sia_slurm.model.profile import (
+        AppProfile,
+        GpuType,
+        ProfileError,
+        ProfileSet,
+        load_profiles,
+    )
+    from sia_slurm.model.throughput import StackedParams, ThroughputParams
+
+_MODULE_OF = {
+    "BatchLimits": "batch",
+    "optimize_batch_size": "batch",
+    "GradientStats": "efficiency",
+    "gain": "efficiency",
+    "JobGoodputEstimator": "estimator",
+    "TypeModel": "estimator",
+    "evaluate_jobs": "estimator",
+    "Observation": "observation",
+    "fit_observations": "fit",
+    "fit_throughput_params": "fit",
+    "AppProfile": "profile",
+    "GpuType": "profile",
+    "ProfileError": "profile",
+    "ProfileSet": "profile",
+    "load_profiles": "profile",
+    "StackedParams": "throughput",
+    "ThroughputParams": "throughput",
+}
 
 __all__ = [
     "AppProfile",
@@ -24,7 +63,6 @@ __all__ = [
     "StackedParams",
     "ThroughputParams",
     "TypeModel",
-    "efficiency",
     "evaluate_jobs",
     "fit_observations",
     "fit_throughput_params",
@@ -32,3 +70,5 @@ __all__ = [
     "load_profiles",
     "optimize_batch_size",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals())

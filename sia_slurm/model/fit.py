@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import minimize
 
+from sia_slurm.model.observation import Observation
 from sia_slurm.model.throughput import (
     GAMMA_BOUNDS,
     PARAM_LOWER_BOUND,
@@ -44,48 +45,6 @@ PARAM_UPPER_BOUND = 1e4
 _RMS_EPS = 1e-12  # keeps the RMS differentiable when a fit is exact
 _LOG_LO = float(np.log(PARAM_LOWER_BOUND))
 _LOG_HI = float(np.log(PARAM_UPPER_BOUND))
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One measured step of a job on ``gpus`` GPUs of one type over ``nodes`` nodes.
-
-    ``step_time`` is the time of the synchronising micro-batch (forward, backward and the
-    gradient all-reduce, i.e. T_sync of the model) and ``sync_time`` the part of it spent waiting
-    for the all-reduce after compute finished, so the compute time of a micro-batch is
-    ``step_time - sync_time``. This is what the Sia/Pollux traces (``placements-*.csv``) and
-    AdaptDL's reports measure. ``accum_steps`` (extra micro-batches per optimizer step) is
-    recorded for completeness; it does not change what the two times mean.
-    """
-
-    nodes: int
-    gpus: int
-    local_bsz: int
-    step_time: float
-    sync_time: float
-    accum_steps: int = 0
-
-    def __post_init__(self) -> None:
-        if self.nodes < 1 or self.gpus < self.nodes:
-            raise ValueError(
-                f"observation needs 1 <= nodes <= gpus, got nodes={self.nodes} gpus={self.gpus}"
-            )
-        if self.local_bsz < 1:
-            raise ValueError(f"local_bsz: expected a positive integer, got {self.local_bsz}")
-        if self.accum_steps < 0:
-            raise ValueError(f"accum_steps: expected an integer >= 0, got {self.accum_steps}")
-        if not (np.isfinite(self.step_time) and self.step_time > 0):
-            raise ValueError(f"step_time: expected a positive number, got {self.step_time}")
-        if not (np.isfinite(self.sync_time) and 0 <= self.sync_time < self.step_time):
-            raise ValueError(
-                f"sync_time: expected a number in [0, step_time={self.step_time}), "
-                f"got {self.sync_time}"
-            )
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(nodes, gpus, local_bsz): the key under which repeated measurements are merged."""
-        return (self.nodes, self.gpus, self.local_bsz)
 
 
 @dataclass(frozen=True)

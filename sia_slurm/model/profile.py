@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from sia_slurm.csvtable import CsvTableError, read_rows
-from sia_slurm.model.fit import Observation
+from sia_slurm.model.observation import Observation
 
 GPU_TYPES_FILE = "gpu_types.csv"
 APP_FILE = "app.yaml"

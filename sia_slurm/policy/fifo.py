@@ -9,7 +9,7 @@ Slurm's main scheduler does; with ``backfill`` later jobs may start in the gaps.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import (
@@ -22,13 +22,7 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import shape_for
 from sia_slurm.policy.ledger import NodeLedger
-
-
-@dataclass(frozen=True)
-class FifoPolicyConfig:
-    """``backfill``: let later jobs start when an earlier one does not fit."""
-
-    backfill: bool = False
+from sia_slurm.policy.settings import FifoPolicyConfig
 
 
 def batch_for(job: JobView, config: Configuration) -> JobAllocation:
@@ -38,7 +32,7 @@ def batch_for(job: JobView, config: Configuration) -> JobAllocation:
 
 @dataclass(frozen=True)
 class FifoPolicy:
-    config: FifoPolicyConfig = FifoPolicyConfig()
+    config: FifoPolicyConfig = field(default_factory=FifoPolicyConfig)
 
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -41,26 +41,9 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import shape_for
 from sia_slurm.policy.ledger import NodeLedger
+from sia_slurm.policy.settings import GavelPolicyConfig
 
 logger = logging.getLogger(__name__)
-
-OBJECTIVES = ("max_min_fairness", "max_total_throughput")
-
-
-@dataclass(frozen=True)
-class GavelPolicyConfig:
-    objective: str = "max_min_fairness"
-    round_duration: float = 360.0
-
-    def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(
-                f"GavelPolicyConfig.objective: expected one of {OBJECTIVES}, got {self.objective!r}"
-            )
-        if not self.round_duration > 0:
-            raise ValueError(
-                f"GavelPolicyConfig.round_duration: expected > 0 seconds, got {self.round_duration}"
-            )
 
 
 @dataclass(frozen=True)
@@ -177,7 +160,7 @@ def priority_order(
 
 @dataclass(frozen=True)
 class GavelPolicy:
-    config: GavelPolicyConfig = GavelPolicyConfig()
+    config: GavelPolicyConfig = field(default_factory=GavelPolicyConfig)
 
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()

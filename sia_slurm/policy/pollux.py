@@ -21,7 +21,7 @@ with binary tournaments, per-job uniform crossover, elitism and the same repair.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,29 +36,10 @@ from sia_slurm.policy.base import (
     restart_factor,
 )
 from sia_slurm.policy.configs import nodes_needed
+from sia_slurm.policy.settings import PolluxPolicyConfig
 
 FIXED_BATCH = frozenset({JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED})
 EPSILON = 1e-3  # speedup floor, so a job left out dominates (not annihilates) the power mean
-
-
-@dataclass(frozen=True)
-class PolluxPolicyConfig:
-    p: float = -1.0
-    restart_cost: float = 30.0
-    population: int = 100
-    generations: int = 100
-    max_nodes_per_job: int = 16
-    growth_factor: float | None = 2.0
-    mutation_rate: float = 0.1
-    seed: int = 0
-    reference_type: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.p == 0 or self.population < 2 or self.generations < 0:
-            raise ValueError(
-                "PolluxPolicyConfig: expected p != 0, population >= 2, generations >= 0, got "
-                f"p={self.p} population={self.population} generations={self.generations}"
-            )
 
 
 @dataclass(frozen=True)
@@ -282,7 +263,7 @@ def evolve(
 
 @dataclass(frozen=True)
 class PolluxPolicy:
-    config: PolluxPolicyConfig = PolluxPolicyConfig()
+    config: PolluxPolicyConfig = field(default_factory=PolluxPolicyConfig)
 
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sia_slurm.policy.base import Policy
-from sia_slurm.policy.fifo import FifoPolicy, FifoPolicyConfig
-from sia_slurm.policy.gavel import GavelPolicy, GavelPolicyConfig
-from sia_slurm.policy.pollux import PolluxPolicy, PolluxPolicyConfig
-from sia_slurm.policy.sia import SiaPolicy, SiaPolicyConfig
+from sia_slurm.policy.fifo import FifoPolicy
+from sia_slurm.policy.gavel import GavelPolicy
+from sia_slurm.policy.pollux import PolluxPolicy
+from sia_slurm.policy.settings import POLICY_PARAMS
+from sia_slurm.policy.sia import SiaPolicy
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,15 @@ class PolicyEntry:
     factory: Callable[..., Policy]
 
 
+_FACTORIES: dict[str, Callable[..., Policy]] = {
+    "sia": SiaPolicy,
+    "pollux": PolluxPolicy,
+    "gavel": GavelPolicy,
+    "fifo": FifoPolicy,
+}
+
 POLICIES: dict[str, PolicyEntry] = {
-    "sia": PolicyEntry(SiaPolicyConfig, SiaPolicy),
-    "pollux": PolicyEntry(PolluxPolicyConfig, PolluxPolicy),
-    "gavel": PolicyEntry(GavelPolicyConfig, GavelPolicy),
-    "fifo": PolicyEntry(FifoPolicyConfig, FifoPolicy),
+    name: PolicyEntry(POLICY_PARAMS[name], factory) for name, factory in _FACTORIES.items()
 }
 
 

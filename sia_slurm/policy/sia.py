@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,74 +33,12 @@ from sia_slurm.policy.base import (
     restart_factor,
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
+from sia_slurm.policy.settings import SiaPolicyConfig
 from sia_slurm.policy.sia_milp import Program, solve
 
 logger = logging.getLogger(__name__)
 
 FIXED_BATCH_KINDS = frozenset({JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED})
-
-
-@dataclass(frozen=True)
-class SiaPolicyConfig:
-    """Sia's knobs (reference section 4), validated on construction.
-
-    ``p`` is the fairness power (< 0: minimise ``G^p``, favouring the worst-off jobs);
-    ``lambda_n`` the no-allocation penalty, ``lambda_a`` the allocation-change penalty (0 in
-    the simulator, 0.01 on the physical cluster); ``growth_factor`` caps a job at that multiple of
-    the most GPUs it has run on (``None`` disables the cap); ``default_restart_cost`` is S for
-    jobs without a measured restart cost; ``max_normalised_goodput`` clips normalised goodput
-    (the artifact's 3000) so ``G^p`` stays well scaled.
-    """
-
-    p: float = -0.5
-    lambda_n: float = 1.1
-    lambda_a: float = 0.0
-    growth_factor: float | None = 2.0
-    default_restart_cost: float = 30.0
-    max_normalised_goodput: float | None = 3000.0
-    time_limit_s: float = 5.0
-    mip_rel_gap: float = 1e-4
-
-    def __post_init__(self) -> None:
-        for error in validate_sia_config(self):
-            raise ValueError(error)
-
-
-def validate_sia_config(config: SiaPolicyConfig) -> list[str]:
-    """Every rule ``config`` breaks, as messages naming the fields and values."""
-    errors = []
-    if not math.isfinite(config.p) or config.p == 0:
-        errors.append(f"SiaPolicyConfig.p: expected a finite non-zero number, got {config.p}")
-    elif math.copysign(1, config.lambda_n) == math.copysign(1, config.p) or not (
-        abs(config.lambda_n) > 1
-    ):
-        errors.append(
-            f"SiaPolicyConfig: lambda_n={config.lambda_n} with p={config.p} breaks the sign "
-            "rules sign(lambda_n) != sign(p) and |lambda_n| > 1; use e.g. "
-            f"lambda_n={-math.copysign(1.1, config.p)}"
-        )
-    if not config.lambda_a >= 0:
-        errors.append(f"SiaPolicyConfig.lambda_a: expected >= 0, got {config.lambda_a}")
-    if config.growth_factor is not None and not config.growth_factor >= 1:
-        errors.append(
-            f"SiaPolicyConfig.growth_factor: expected >= 1 or None, got {config.growth_factor}"
-        )
-    if not config.default_restart_cost >= 0:
-        errors.append(
-            "SiaPolicyConfig.default_restart_cost: expected >= 0 seconds, "
-            f"got {config.default_restart_cost}"
-        )
-    if config.max_normalised_goodput is not None and not config.max_normalised_goodput > 1:
-        errors.append(
-            "SiaPolicyConfig.max_normalised_goodput: expected > 1 or None, "
-            f"got {config.max_normalised_goodput}"
-        )
-    if not config.time_limit_s > 0 or not config.mip_rel_gap >= 0:
-        errors.append(
-            "SiaPolicyConfig: expected time_limit_s > 0 and mip_rel_gap >= 0, got "
-            f"time_limit_s={config.time_limit_s} mip_rel_gap={config.mip_rel_gap}"
-        )
-    return errors
 
 
 @dataclass(frozen=True)
@@ -352,7 +290,7 @@ def fallback_choice(columns: list[JobColumns], cluster: ClusterView) -> dict[int
 class SiaPolicy:
     """The Sia policy; see the module docstring."""
 
-    config: SiaPolicyConfig = SiaPolicyConfig()
+    config: SiaPolicyConfig = field(default_factory=SiaPolicyConfig)
 
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()

@@ -16,39 +16,98 @@ The simulation (docs/simulator.md):
 * :mod:`.run` — the driver (:func:`simulate`): snapshot -> controller round -> apply -> advance;
 * :mod:`.metrics` — JCT, makespan, GPU-hours, restarts, contention, as the artifact computes them;
 * :mod:`.parallel` — many workloads in worker processes; :mod:`.plots` — figures (matplotlib).
+
+The re-exported names below are imported on first use (:mod:`sia_slurm.lazy`): the emulated
+trainer reads the traces on every start and must not import the whole simulator to do so.
 """
 
-from sia_slurm.sim.apps import APPS, DATA_PARALLEL_APPS, default_traces_dir, default_workloads_dir
-from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
-from sia_slurm.sim.cluster import SimJobSpec, SimulatedCluster
-from sia_slurm.sim.clusterfile import (
-    ClusterError,
-    ClusterGpuType,
-    ClusterSpec,
-    MissingGroundTruth,
-    check_ground_truth,
-    load_cluster,
-)
-from sia_slurm.sim.gradstats import MAX_EPOCHS, AppGradStats, GradStatsError
-from sia_slurm.sim.groundtruth import GroundTruth, GroundTruthError, default_calibration
-from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_inputs, load_sim_workloads
-from sia_slurm.sim.metrics import (
-    JobOutcome,
-    PooledMetrics,
-    WorkloadMetrics,
-    pooled_metrics,
-    workload_metrics,
-)
-from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
-from sia_slurm.sim.restart import RestartDelay, restart_delay
-from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
-from sia_slurm.sim.workload import (
-    Workload,
-    WorkloadError,
-    WorkloadJob,
-    load_workload,
-    load_workloads,
-)
+from typing import TYPE_CHECKING
+
+from sia_slurm.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from sia_slurm.sim.apps import (
+        APPS,
+        DATA_PARALLEL_APPS,
+        default_traces_dir,
+        default_workloads_dir,
+    )
+    from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
+    from sia_slurm.sim.cluster import SimJobSpec, SimulatedCluster
+    from sia_slurm.sim.clusterfile import (
+        ClusterError,
+        ClusterGpuType,
+        ClusterSpec,
+        MissingGroundTruth,
+        check_ground_truth,
+        load_cluster,
+    )
+    from sia_slurm.sim.gradstats import MAX_EPOCHS, AppGradStats, GradStatsError
+    from sia_slurm.sim.groundtruth import GroundTruth, GroundTruthError, default_calibration
+    from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_inputs, load_sim_workloads
+    from sia_slurm.sim.metrics import (
+        JobOutcome,
+        PooledMetrics,
+        WorkloadMetrics,
+        pooled_metrics,
+        workload_metrics,
+    )
+    from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
+    from sia_slurm.sim.restart import RestartDelay, restart_delay
+    from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
+    from sia_slurm.sim.workload import (
+        Workload,
+        WorkloadError,
+        WorkloadJob,
+        load_workload,
+        load_workloads,
+    )
+
+_MODULE_OF = {
+    "APPS": "apps",
+    "DATA_PARALLEL_APPS": "apps",
+    "default_traces_dir": "apps",
+    "default_workloads_dir": "apps",
+    "AppTruth": "apptruth",
+    "SimInputError": "apptruth",
+    "load_truths": "apptruth",
+    "SimJobSpec": "cluster",
+    "SimulatedCluster": "cluster",
+    "ClusterError": "clusterfile",
+    "ClusterGpuType": "clusterfile",
+    "ClusterSpec": "clusterfile",
+    "MissingGroundTruth": "clusterfile",
+    "check_ground_truth": "clusterfile",
+    "load_cluster": "clusterfile",
+    "MAX_EPOCHS": "gradstats",
+    "AppGradStats": "gradstats",
+    "GradStatsError": "gradstats",
+    "GroundTruth": "groundtruth",
+    "GroundTruthError": "groundtruth",
+    "default_calibration": "groundtruth",
+    "SimulationInputs": "inputs",
+    "job_specs": "inputs",
+    "load_inputs": "inputs",
+    "load_sim_workloads": "inputs",
+    "JobOutcome": "metrics",
+    "PooledMetrics": "metrics",
+    "WorkloadMetrics": "metrics",
+    "pooled_metrics": "metrics",
+    "workload_metrics": "metrics",
+    "WorkloadTask": "parallel",
+    "pool_results": "parallel",
+    "run_tasks": "parallel",
+    "RestartDelay": "restart",
+    "restart_delay": "restart",
+    "SimulationConfig": "run",
+    "SimulationResult": "run",
+    "simulate": "run",
+    "Workload": "workload",
+    "WorkloadError": "workload",
+    "WorkloadJob": "workload",
+    "load_workload": "workload",
+    "load_workloads": "workload",
+}
 
 __all__ = [
     "APPS",
@@ -95,3 +154,5 @@ __all__ = [
     "simulate",
     "workload_metrics",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _MODULE_OF, globals())
