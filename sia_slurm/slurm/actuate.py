@@ -126,17 +126,27 @@ class Actuator:
         self.observe = observe
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
+        """Apply one round's actions, each job as soon as it can go.
+
+        A Start is placed first: it needs nothing from the round's stops, and Slurm holds it
+        until the GPUs it names are free. A Move is placed as soon as its own Slurm job is back
+        to PENDING, not when every job stopped this round is: one job with a slow checkpoint
+        or a slow exit must not delay every other restart of the round.
+        """
         if not actions:
             return []
         book = _Round()
         view = self.observe()
         self._cancel_strays(view)
+        starts = [a for a in actions if isinstance(a, Start)]
+        if starts:
+            self._place(starts, view, book)
         stoppers = [a for a in actions if isinstance(a, Stop | Move)]
-        if stoppers and self._stop(stoppers, view, book):
-            view = self.observe()  # the start halves of moves need the requeued jobs
-        placing = [a for a in actions if isinstance(a, Start | Move) and not book.done(a)]
-        if placing:
-            self._place(placing, view, book)
+        if stoppers:
+            requeued, changed = self._stop(stoppers, view, book)
+            if changed:
+                view = self.observe()
+            self._finish_stoppers(stoppers, requeued, view, book)
         for action in actions:
             if isinstance(action, Rebatch):
                 self._rebatch(action, view, book)
@@ -145,8 +155,12 @@ class Actuator:
     # ------------------------------------------------------------------------------------------
     # Stop (and the first half of Move)
 
-    def _stop(self, actions: list[Stop | Move], view: JobsView, book: _Round) -> bool:
-        """Stop the running jobs among ``actions``; True when Slurm was changed."""
+    def _stop(
+        self, actions: list[Stop | Move], view: JobsView, book: _Round
+    ) -> tuple[dict[str, Stop | Move], bool]:
+        """Checkpoint and requeue (held) the running jobs among ``actions``, hold the pending
+        ones. Returns the requeued Slurm jobs' actions by job id (to wait for), and whether
+        Slurm was changed at all."""
         running: dict[str, tuple[Stop | Move, SlurmJob]] = {}
         to_requeue: list[tuple[Stop | Move, SlurmJob]] = []
         to_hold: list[tuple[Stop | Move, SlurmJob]] = []
@@ -187,18 +201,48 @@ class Actuator:
         for action, job in [*to_requeue, *to_hold]:
             if job.job_id in failures:
                 book.fail(action, f"could not hold Slurm job {job.job_id}: {failures[job.job_id]}")
-        requeued = [job.job_id for a, job in to_requeue if not book.done(a)]
-        left = self._wait_until_pending(requeued)
-        for action in actions:
-            if book.done(action):
-                continue
-            job_id = book.details.get(id(action), {}).get("slurm_job_id", "")
-            if job_id in left:
-                book.fail(action, f"Slurm job {job_id} still {left[job_id]} after requeue")
-            elif isinstance(action, Stop):
-                self._clean_stop_files(action)
-                book.ok(action, f"stopped (Slurm job {job_id} requeued and held)")
-        return bool(to_requeue or to_hold)
+        requeued = {job.job_id: action for action, job in to_requeue if not book.done(action)}
+        return requeued, bool(to_requeue or to_hold)
+
+    def _finish_stoppers(
+        self,
+        actions: list[Stop | Move],
+        requeued: dict[str, Stop | Move],
+        view: JobsView,
+        book: _Round,
+    ) -> None:
+        """Complete each Stop and place each Move once its Slurm job is PENDING (its GPUs
+        free); a job still not PENDING after :data:`COMPLETING_TIMEOUT_S` fails its action.
+        ``view`` is Slurm as it is now; it is asked again only while jobs are waited for."""
+        waiting = dict(requeued)
+        requeued_ids = {id(action) for action in requeued.values()}
+        ready: list[Stop | Move] = [a for a in actions if id(a) not in requeued_ids]
+        deadline = self.clock.now() + COMPLETING_TIMEOUT_S
+        while True:
+            jobs = {job.job_id: job for job in view.jobs}
+            for job_id, action in list(waiting.items()):
+                if job_id not in jobs or jobs[job_id].state == "PENDING":
+                    ready.append(action)
+                    del waiting[job_id]
+            moves = [a for a in ready if isinstance(a, Move) and not book.done(a)]
+            for action in ready:
+                if isinstance(action, Stop) and not book.done(action):
+                    self._clean_stop_files(action)
+                    job_id = book.details.get(id(action), {}).get("slurm_job_id", "")
+                    book.ok(action, f"stopped (Slurm job {job_id} requeued and held)")
+            if moves:
+                self._place(moves, view, book)
+            ready = []
+            if not waiting:
+                return
+            if self.clock.now() >= deadline:
+                for job_id, action in waiting.items():
+                    book.fail(
+                        action, f"Slurm job {job_id} still {jobs[job_id].state} after requeue"
+                    )
+                return
+            self.clock.sleep(COMPLETING_POLL_S)
+            view = self.observe()
 
     def _request_stop(self, action: Stop | Move) -> None:
         """Write ``stop.json`` for this round unless it is already there (a replay)."""

@@ -53,9 +53,11 @@ class FakeSlurm:
     nodes_text: str = (FIXTURES / "show-node.txt").read_text()
     reservations_text: str = "No reservations in the system\n"
     ack_delay_s: dict[str, float] = field(default_factory=dict)  # sia id -> seconds; inf: never
+    completing_s: dict[str, float] = field(default_factory=dict)  # sia id -> s COMPLETING
     ignore_fields: set[str] = field(default_factory=set)  # update fields that do not take
     on_release: Callable[[str], None] = lambda job_id: None
     _signalled: dict[str, float] = field(default_factory=dict)
+    _completing: dict[str, float] = field(default_factory=dict)  # job id -> PENDING from then
     _next_id: int = 100
 
     def __post_init__(self) -> None:
@@ -165,6 +167,10 @@ class FakeSlurm:
                     gres_detail=[],
                     restart_cnt=job["restart_cnt"] + 1,
                 )
+                delay = self.completing_s.get(job["comment"].split(":", 1)[-1], 0.0)
+                if delay > 0:
+                    job.update(job_state="COMPLETING")
+                    self._completing[job_id] = self.clock.now() + delay
             elif verb == "hold":
                 job.update(priority=0, state_reason="JobHeldAdmin")
             elif verb == "release":
@@ -210,7 +216,12 @@ class FakeSlurm:
         return f"{job_id}\n"
 
     def _tick(self, now: float) -> None:
-        """Signalled jobs acknowledge their stop request after their delay."""
+        """Signalled jobs acknowledge their stop request after their delay; requeued jobs
+        leave COMPLETING after theirs."""
+        for job_id, until in list(self._completing.items()):
+            if now >= until:
+                self.jobs[job_id].update(job_state="PENDING")
+                del self._completing[job_id]
         for job_id, since in list(self._signalled.items()):
             sia_id = self.jobs[job_id]["comment"].split(":", 1)[1]
             if now - since >= self.ack_delay_s.get(sia_id, 0.0):

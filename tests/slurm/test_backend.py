@@ -254,15 +254,14 @@ def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> Non
         "squeue",
         "scancel",  # --batch --signal=USR1
         "scontrol requeuehold",
-        "squeue",  # until PENDING
-        "squeue",  # fresh view for the start half
+        "squeue",  # until PENDING; also the view the start half works from
         "scontrol update",
         "squeue",  # read back
         "scontrol release",
         "scontrol update",  # StartTime=now: a requeued job waits cred_expire otherwise
     ]
     assert fake_slurm.calls[1] == ["scancel", "--batch", "--signal=USR1", job_id]
-    assert "NumNodes=2-2" in fake_slurm.calls[5] and "NumCPUs=2" in fake_slurm.calls[5]
+    assert "NumNodes=2-2" in fake_slurm.calls[4] and "NumCPUs=2" in fake_slurm.calls[4]
     assert fake_slurm.calls[-1] == ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.nodes, assignment.gpus, assignment.restarts) == (2, 4, 1)
@@ -298,6 +297,45 @@ def test_stops_signal_together_and_wait_together(fake_slurm: Any) -> None:
     assert requeues == [["scontrol", "requeuehold", ",".join(ids)]]
     assert all(fake_slurm.job(i)["priority"] == 0 for i in ids)
     assert not any(fake_slurm.paths.stop_request(s).exists() for s in "abc")
+
+
+def test_each_job_of_a_round_goes_as_soon_as_it_can(fake_slurm: Any) -> None:
+    """A Start does not wait for the round's stops, and a Move is placed when its own job is
+    PENDING, not when the slowest requeued job of the round is."""
+    slow, fast, new = (fake_slurm.submit(name) for name in ("slow", "fast", "new"))
+    fake_slurm.start(slow, ["t4-1"])
+    fake_slurm.start(fast, ["t4-2"])
+    fake_slurm.ack_delay_s.update(slow=4.0, fast=4.0)
+    fake_slurm.completing_s.update(slow=20.0, fast=1.0)
+    released: dict[str, float] = {}
+    fake_slurm.on_release = lambda job_id: released.setdefault(job_id, fake_slurm.clock.now())
+    backend = backend_for(fake_slurm)
+    before = fake_slurm.clock.now()
+    results = backend.apply(
+        [
+            move("slow", "rtx", ["rtx-1"], 1, round_index=3),
+            move("fast", "rtx", ["rtx-2"], 1, round_index=3),
+            start("new", "a100", ["a100-1"], 1, round_index=3),
+        ]
+    )
+    assert all(r.ok for r in results), [r.message for r in results]
+    after = {job_id: at - before for job_id, at in released.items()}
+    assert after[new] < 1.0  # before the stops' checkpoints (4 s)
+    assert 5.0 <= after[fast] < 7.0  # ack 4 s + COMPLETING 1 s, not the slow job's 20 s
+    assert after[slow] >= 24.0
+
+
+def test_a_job_that_never_leaves_completing_fails_only_its_own_move(fake_slurm: Any) -> None:
+    stuck, fine = (fake_slurm.submit(name) for name in ("stuck", "fine"))
+    fake_slurm.start(stuck, ["t4-1"])
+    fake_slurm.start(fine, ["t4-2"])
+    fake_slurm.completing_s.update(stuck=float("inf"))
+    results = backend_for(fake_slurm).apply(
+        [move("stuck", "rtx", ["rtx-1"], 1, round_index=3), Stop("fine", 3)]
+    )
+    assert not results[0].ok and "still COMPLETING after requeue" in results[0].message
+    assert results[1].ok, results[1].message
+    assert fake_slurm.job(stuck)["priority"] == 0  # held, never released
 
 
 def test_stop_after_a_crash_completes_it(fake_slurm: Any) -> None:
