@@ -114,7 +114,9 @@ def job_phase(
     if job.completing and (job.held or stop_requested):
         return JobPhase.PENDING, "stopping: Slurm is taking its GPUs back"
     if job.holds_gpus:
-        if has_assignment and (latest_report is None or latest_report < job.start_time):
+        # Slurm's start time is whole seconds (rounded down): a report in that same second
+        # may be the previous run's last one, so only a report a second later counts.
+        if has_assignment and (latest_report is None or latest_report < job.start_time + 1):
             return JobPhase.STARTING, "started; no metrics report since its latest start"
         return JobPhase.RUNNING, "running"
     if job.state == "COMPLETED" and stop_requested and acked:
