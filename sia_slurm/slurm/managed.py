@@ -114,9 +114,7 @@ def job_phase(
     if job.completing and (job.held or stop_requested):
         return JobPhase.PENDING, "stopping: Slurm is taking its GPUs back"
     if job.holds_gpus:
-        # Slurm's start time is whole seconds (rounded down): a report in that same second
-        # may be the previous run's last one, so only a report a second later counts.
-        if has_assignment and (latest_report is None or latest_report < job.start_time + 1):
+        if has_assignment and (latest_report is None or latest_report < job.start_time):
             return JobPhase.STARTING, "started; no metrics report since its latest start"
         return JobPhase.RUNNING, "running"
     if job.state == "COMPLETED" and stop_requested and acked:
