@@ -212,37 +212,26 @@ class Actuator:
         book: _Round,
     ) -> None:
         """Complete each Stop and place each Move once its Slurm job is PENDING (its GPUs
-        free); a job still not PENDING after :data:`COMPLETING_TIMEOUT_S` fails its action.
-        ``view`` is Slurm as it is now; it is asked again only while jobs are waited for."""
-        waiting = dict(requeued)
-        requeued_ids = {id(action) for action in requeued.values()}
-        ready: list[Stop | Move] = [a for a in actions if id(a) not in requeued_ids]
-        deadline = self.clock.now() + COMPLETING_TIMEOUT_S
-        while True:
-            jobs = {job.job_id: job for job in view.jobs}
-            for job_id, action in list(waiting.items()):
-                if job_id not in jobs or jobs[job_id].state == "PENDING":
-                    ready.append(action)
-                    del waiting[job_id]
-            moves = [a for a in ready if isinstance(a, Move) and not book.done(a)]
+        free); a requeued job still not PENDING after :data:`COMPLETING_TIMEOUT_S` fails its
+        action. ``view`` is Slurm as it is now."""
+
+        def settle(ready: Sequence[Stop | Move], view: JobsView) -> None:
             for action in ready:
                 if isinstance(action, Stop) and not book.done(action):
                     self._clean_stop_files(action)
                     job_id = book.details.get(id(action), {}).get("slurm_job_id", "")
                     book.ok(action, f"stopped (Slurm job {job_id} requeued and held)")
+            moves = [a for a in ready if isinstance(a, Move) and not book.done(a)]
             if moves:
                 self._place(moves, view, book)
-            ready = []
-            if not waiting:
-                return
-            if self.clock.now() >= deadline:
-                for job_id, action in waiting.items():
-                    book.fail(
-                        action, f"Slurm job {job_id} still {jobs[job_id].state} after requeue"
-                    )
-                return
-            self.clock.sleep(COMPLETING_POLL_S)
-            view = self.observe()
+
+        waited = {id(action) for action in requeued.values()}
+        settle([a for a in actions if id(a) not in waited], view)
+        left = self._wait_until_pending(
+            list(requeued), view, lambda ids, now: settle([requeued[i] for i in ids], now)
+        )
+        for job_id, state in left.items():
+            book.fail(requeued[job_id], f"Slurm job {job_id} still {state} after requeue")
 
     def _request_stop(self, action: Stop | Move) -> None:
         """Write ``stop.json`` for this round unless it is already there (a replay)."""
@@ -318,22 +307,33 @@ class Actuator:
         else:
             book.fail(action, f"{message}; not moved")
 
-    def _wait_until_pending(self, job_ids: list[str]) -> dict[str, str]:
-        """Wait until requeued jobs are PENDING (their GPUs free); the ones still not, with
-        their state, after :data:`COMPLETING_TIMEOUT_S`."""
-        if not job_ids:
-            return {}
+    def _wait_until_pending(
+        self,
+        job_ids: list[str],
+        view: JobsView | None = None,
+        on_pending: Callable[[list[str], JobsView], None] | None = None,
+    ) -> dict[str, str]:
+        """Wait until requeued jobs are PENDING (their GPUs free), calling ``on_pending`` with
+        the ones that just became so and the view that shows it, so each can go on at once;
+        returns the ones still not, with their state, after :data:`COMPLETING_TIMEOUT_S`.
+        ``view``, if given, is Slurm as it is now (saves the first ``squeue``)."""
+        waiting = list(job_ids)
         deadline = self.clock.now() + COMPLETING_TIMEOUT_S
-        while True:
-            jobs = {job.job_id: job for job in self.observe().jobs}
-            left = {
-                job_id: jobs[job_id].state
-                for job_id in job_ids
-                if job_id in jobs and jobs[job_id].state != "PENDING"
-            }
-            if not left or self.clock.now() >= deadline:
-                return left
+        while waiting:
+            if view is None:
+                view = self.observe()
+            jobs = {job.job_id: job for job in view.jobs}
+            pending = [i for i in waiting if i not in jobs or jobs[i].state == "PENDING"]
+            waiting = [i for i in waiting if i not in pending]
+            if pending and on_pending is not None:
+                on_pending(pending, view)
+            if not waiting:
+                break
+            if self.clock.now() >= deadline:
+                return {i: jobs[i].state for i in waiting}
             self.clock.sleep(COMPLETING_POLL_S)
+            view = None
+        return {}
 
     # ------------------------------------------------------------------------------------------
     # Start (and the second half of Move)
