@@ -3,9 +3,14 @@
 ``sia-sbatch`` writes a batch script that ``exec``s ``sia-launch --config C --sia-id J``, so
 this process *is* the batch step and receives the controller's SIGUSR1. It
 
-1. reads ``jobs/<J>/spec.json`` and ``jobs/<J>/assignment.json`` and refuses to run (exit 3)
-   when Slurm's allocation disagrees with the assignment (partition -> GPU type, node count,
-   GPUs per node, and the job id and node list when the assignment names them);
+1. reads ``jobs/<J>/spec.json`` and the controller's ``control/<J>/assignment.json`` and
+   trains only in the Slurm run the assignment was written for (job id and restart count)
+   and only on what it names (partition -> GPU type, node count, GPUs per node, node list).
+   Otherwise the run was not granted by the controller (a user's own release, Slurm's own
+   requeue, an update the controller did not make): it does not train, re-reads the
+   assignment every few seconds, and waits for the controller to requeue it (SIGTERM), which
+   it does at its next round; only after ``SIA_MISMATCH_WAIT_S`` does it give up (exit 3).
+   A refused run is the controller's to repair, never the job's failure;
 2. unsets the variables sbatch set at submission that went stale when the controller
    resized the pending job (``srun`` would read them as options);
 3. starts the training command under torchrun on every node (one ``srun`` task per node, a
@@ -27,7 +32,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -166,10 +172,12 @@ def check_allocation(
             f"{where}: gpus per node: {assignment.gpus_per_node} (gpus={assignment.gpus}), but "
             f"SLURM_GPUS_ON_NODE={allocation.gpus_per_node}"
         )
-    if assignment.slurm_job_id and assignment.slurm_job_id != allocation.job_id:
+    run = (assignment.slurm_job_id, assignment.slurm_restart_count)
+    if run != (allocation.job_id, allocation.restart_count):
         problems.append(
-            f"{where}: slurm_job_id: {assignment.slurm_job_id}, but SLURM_JOB_ID="
-            f"{allocation.job_id} (a stale assignment?)"
+            f"{where}: written for Slurm job {assignment.slurm_job_id or '-'} run "
+            f"{assignment.slurm_restart_count}, but this is SLURM_JOB_ID={allocation.job_id} "
+            f"SLURM_RESTART_COUNT={allocation.restart_count}: not granted by the controller"
         )
     listed = assignment.node_list and hostnames is not None
     if listed and sorted(assignment.node_list) != sorted(hostnames or ()):
@@ -352,7 +360,6 @@ def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
     paths = StatePaths(config.state_dir)
     try:
         spec = read_document(JobSpec, paths.spec(sia_id))
-        assignment = read_document(Assignment, paths.assignment(sia_id))
     except ProtocolError as exc:
         raise LaunchError(str(exc)) from None
     allocation = SlurmAllocation.from_env(environ)
@@ -362,7 +369,8 @@ def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
         address = node_address(runner, hostnames[0])
     except (CommandError, IndexError) as exc:
         raise LaunchError(f"cannot resolve the job's nodes: {exc}", EXIT_MISMATCH) from None
-    check_allocation(assignment, allocation, config, hostnames)
+    wait_s = _seconds(environ, "mismatch_wait_s", max(3 * config.round_seconds, 60.0))
+    assignment = await_grant(paths, sia_id, allocation, config, hostnames, wait_s)
     job = job_environment(spec, assignment, allocation, config, environ)
     python, command = split_command(spec.command, sys.executable)
     argv = torchrun_argv(allocation, assignment, f"{address}:{free_port()}", command, python)
@@ -389,6 +397,50 @@ def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
         return 128 + child.terminated
     logger.info("[job=%s] srun exited with status %d", sia_id, status)
     return status
+
+
+def await_grant(
+    paths: StatePaths,
+    sia_id: str,
+    allocation: SlurmAllocation,
+    config: SiaConfig,
+    hostnames: Sequence[str],
+    wait_s: float,
+    *,
+    poll_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Assignment:
+    """The controller's assignment for this very run; until there is one, train nothing.
+
+    A run without a matching assignment was not granted by the controller, which requeues it
+    at its next round (Slurm's SIGTERM ends this process then). The assignment is re-read
+    meanwhile: one written late (or seen late over NFS) lets the run go on. After
+    ``wait_s`` without either, :class:`LaunchError` (exit 3).
+    """
+    deadline = clock() + wait_s
+    said = ""
+    while True:
+        try:
+            assignment = read_document(Assignment, paths.assignment(sia_id))
+            if assignment.sia_id != sia_id:
+                raise LaunchError(f"{paths.assignment(sia_id)}: sia_id is {assignment.sia_id!r}")
+            check_allocation(assignment, allocation, config, hostnames)
+            return assignment
+        except (ProtocolError, LaunchError) as exc:
+            problem = str(exc)
+        if clock() >= deadline:
+            raise LaunchError(problem, EXIT_MISMATCH)
+        if problem != said:
+            said = problem
+            logger.warning(
+                "[job=%s] not training: %s; waiting for the controller to requeue this run "
+                "(at most %.0f s)",
+                sia_id,
+                problem,
+                wait_s,
+            )
+        sleep(poll_s)
 
 
 def _seconds(environ: Mapping[str, str], field_name: str, default: float) -> float:
@@ -432,8 +484,9 @@ def cli(config_path: Path | None, sia_id: str) -> None:
 
     Checks Slurm's allocation against the controller's assignment, then runs the job's
     training command under torchrun on every node. Exit status: 0 done, 2 bad config or
-    protocol file, 3 allocation differs from the assignment, 75 stopped on the controller's
-    request (checkpointed; to be requeued), else srun's status.
+    protocol file, 3 no assignment for this run after SIA_MISMATCH_WAIT_S (the controller
+    normally requeues such a run first), 75 stopped on the controller's request
+    (checkpointed; to be requeued), else srun's status.
     """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s sia-launch %(levelname)s %(message)s"

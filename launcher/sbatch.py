@@ -41,7 +41,14 @@ from sia_slurm.model.profile import (
     load_gpu_types,
     load_profiles,
 )
-from sia_slurm.protocol import JobSpec, ProtocolError, StatePaths, check_sia_id, write_document
+from sia_slurm.protocol import (
+    JobSpec,
+    ProtocolError,
+    StatePaths,
+    check_sia_id,
+    write_document,
+    write_text_atomic,
+)
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 EXIT_USAGE = 2
@@ -355,18 +362,24 @@ def submit(
     except ProtocolError as exc:
         raise UsageError(str(exc)) from None
     job_dir = paths.job_dir(sia_id)
+    if not paths.jobs_dir.is_dir():
+        raise UsageError(
+            f"{paths.jobs_dir} (state_dir from {config_path}) does not exist: the site's "
+            "administrator creates the state tree with `sia-slurm setup`"
+        )
     try:
-        job_dir.mkdir(parents=True)
+        # Not parents=True: jobs/ is the site's (sticky, made by `sia-slurm setup`), and a
+        # directory that already exists (somebody else's) is never reused.
+        job_dir.mkdir(mode=0o755)
+    except OSError as exc:
+        raise UsageError(f"cannot create {job_dir}: {exc.strerror or exc}") from None
+    try:
         write_document(paths.spec(sia_id), spec)
         script = job_dir / BATCH_SCRIPT
-        script.write_text(batch_script(config_path.absolute(), sia_id, app))
-        script.chmod(0o755)
+        write_text_atomic(script, batch_script(config_path.absolute(), sia_id, app), mode=0o755)
     except OSError as exc:
         shutil.rmtree(job_dir, ignore_errors=True)
-        raise UsageError(
-            f"state_dir {config.state_dir} (from {config_path}) is not writable: "
-            f"{exc.strerror or exc}"
-        ) from None
+        raise UsageError(f"cannot write into {job_dir}: {exc.strerror or exc}") from None
     argv = sbatch_argv(user_args, placement, config.managed_marker, sia_id, app, script)
     try:
         result = runner.run(argv)

@@ -113,10 +113,6 @@ class SiaConfig:
     def db_path(self) -> Path:
         return self.state_dir / "sia.db"
 
-    @property
-    def spool_dir(self) -> Path:
-        return self.state_dir / "spool"
-
 
 _TOP_LEVEL_KEYS = (
     "round_seconds",

@@ -1,13 +1,18 @@
 """The job protocol: the files the controller and a managed job exchange under ``state_dir``.
 
 Both sides import this module, so the formats are defined once (``docs/protocol.md`` describes
-them for people)::
+them for people). Two trees, by who may write them (``docs/security.md``)::
 
-    jobs/<sia_id>/spec.json        by sia-sbatch at submission           (JobSpec)
-    jobs/<sia_id>/assignment.json  by the controller before release      (Assignment)
-    jobs/<sia_id>/stop.json        by the controller to ask for a stop   (StopRequest)
-    jobs/<sia_id>/ack-<round>      by rank 0 after its checkpoint        (empty file)
-    spool/<sia_id>.json            by rank 0 every ~30 s                 (MetricsReport)
+    control/<sia_id>/assignment.json  by the controller before release      (Assignment)
+    control/<sia_id>/stop.json        by the controller to ask for a stop   (StopRequest)
+    control/<sia_id>/slurm.json       the controller's record of the job    (backend's own)
+    jobs/<sia_id>/spec.json           by sia-sbatch at submission           (JobSpec)
+    jobs/<sia_id>/ack-<round>         by rank 0 after its checkpoint        (empty file)
+    jobs/<sia_id>/metrics.json        by rank 0 every ~30 s                 (MetricsReport)
+
+``control/`` belongs to the controller's account and users can only read it; ``jobs/`` is
+sticky and world-writable (like /tmp), each ``jobs/<sia_id>/`` belongs to the job's user. The
+controller never writes under ``jobs/`` and reads it only through :mod:`sia_slurm.userfiles`.
 
 Every file is written atomically (temporary file in the same directory, fsync, rename), so a
 reader sees either the old or the new content, never a torn one. Every reader validates the
@@ -17,10 +22,12 @@ guesses a default for a missing field except the ones documented on each datacla
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -53,26 +60,46 @@ class StatePaths:
         return self.state_dir / "jobs"
 
     @property
-    def spool_dir(self) -> Path:
-        return self.state_dir / "spool"
+    def control_dir(self) -> Path:
+        return self.state_dir / "control"
 
     def job_dir(self, sia_id: str) -> Path:
+        """The job's own directory (its user's): spec, acks, metrics, checkpoints."""
         return self.jobs_dir / check_sia_id(sia_id)
 
+    def control(self, sia_id: str) -> Path:
+        """The controller's directory for the job: what it decided and remembers."""
+        return self.control_dir / check_sia_id(sia_id)
+
     def spec(self, sia_id: str) -> Path:
-        return self.job_dir(sia_id) / "spec.json"
+        return self.job_dir(sia_id) / SPEC_FILE
 
     def assignment(self, sia_id: str) -> Path:
-        return self.job_dir(sia_id) / "assignment.json"
+        return self.control(sia_id) / "assignment.json"
 
     def stop_request(self, sia_id: str) -> Path:
-        return self.job_dir(sia_id) / "stop.json"
+        return self.control(sia_id) / "stop.json"
+
+    def slurm_record(self, sia_id: str) -> Path:
+        return self.control(sia_id) / "slurm.json"
+
+    def batch_copy(self, sia_id: str) -> Path:
+        """The controller's private copy of the job's batch script (for a resubmission)."""
+        return self.control(sia_id) / "batch-script"
 
     def ack(self, sia_id: str, round_index: int) -> Path:
-        return self.job_dir(sia_id) / f"ack-{round_index}"
+        return self.job_dir(sia_id) / ack_name(round_index)
 
     def metrics(self, sia_id: str) -> Path:
-        return self.spool_dir / f"{check_sia_id(sia_id)}.json"
+        return self.job_dir(sia_id) / METRICS_FILE
+
+
+SPEC_FILE = "spec.json"
+METRICS_FILE = "metrics.json"
+
+
+def ack_name(round_index: int) -> str:
+    return f"ack-{round_index}"
 
 
 def check_sia_id(sia_id: str) -> str:
@@ -145,6 +172,10 @@ class Assignment:
     ``round_index`` increases with every decision for the job; the launcher compares it with
     the round of its checkpoint. ``accum_steps`` counts *extra* micro-batches (Pollux's
     convention), so ``batch_size == gpus * local_bsz * (accum_steps + 1)``.
+    ``slurm_job_id`` and ``slurm_restart_count`` name the one Slurm run the assignment is for
+    (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``): the launcher trains only in that run, and the
+    controller stops any other run of the job that holds GPUs. ``restarts`` counts restarts
+    over the job's whole life (across resubmissions).
     """
 
     sia_id: str
@@ -159,11 +190,14 @@ class Assignment:
     accum_steps: int
     restarts: int = 0
     slurm_job_id: str = ""
+    slurm_restart_count: int = 0
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         check_sia_id(self.sia_id)
         object.__setattr__(self, "node_list", tuple(self.node_list))
+        if self.restarts < 0 or self.slurm_restart_count < 0:
+            raise ProtocolError("restarts, slurm_restart_count: expected integers >= 0")
         if self.nodes < 1 or self.gpus < self.nodes or self.gpus % self.nodes:
             raise ProtocolError(
                 f"nodes, gpus: expected gpus a multiple of nodes >= 1, got nodes={self.nodes} "
@@ -193,7 +227,9 @@ class MetricsReport:
     meaning :class:`sia_slurm.model.Observation` takes. ``grad_sqr`` / ``grad_var`` are the
     gradient noise statistics normalised to M0. ``steps`` counts optimizer steps since the job
     first started; ``time`` is when the report was written (seconds since the epoch, or the
-    simulated clock).
+    simulated clock). ``slurm_job_id`` and ``slurm_restart_count`` name the Slurm run that
+    wrote it: the controller takes a report only from the job's current run, so a report left
+    by the run before a restart never makes a restarted job look RUNNING.
     """
 
     sia_id: str
@@ -209,10 +245,14 @@ class MetricsReport:
     grad_var: float
     steps: int = 0
     round_index: int = 0
+    slurm_job_id: str = ""
+    slurm_restart_count: int = 0
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         check_sia_id(self.sia_id)
+        if self.slurm_restart_count < 0:
+            raise ProtocolError("slurm_restart_count: expected an integer >= 0")
         if self.nodes < 1 or self.gpus < self.nodes:
             raise ProtocolError(
                 f"nodes, gpus: expected 1 <= nodes <= gpus, got {self.nodes}, {self.gpus}"
@@ -261,15 +301,25 @@ Document = JobSpec | Assignment | MetricsReport | StopRequest
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:
     """Write ``payload`` as JSON to ``path`` atomically (temp file beside it, fsync, rename)."""
+    text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
+    write_text_atomic(path, text, mode=mode)
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` atomically with ``mode``.
+
+    The temporary file is created exclusively (``mkstemp``: never through a planted symlink)
+    and its mode set on the open descriptor, never by path, so nothing another account swaps
+    into the directory can redirect the write or the chmod.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=1, sort_keys=True)
-            handle.write("\n")
+            os.fchmod(handle.fileno(), mode)
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -291,22 +341,56 @@ def write_document(path: Path, document: Document) -> None:
     write_json_atomic(path, to_json(document))
 
 
-def read_json(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
-    """The JSON object in ``path``; :class:`ProtocolError` (naming the file) otherwise."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise ProtocolError(f"{path}: cannot read: {exc.strerror or exc}") from None
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def read_capped(fd: int, where: str, max_bytes: int) -> bytes:
+    """The bytes of the open file ``fd``: a regular file of at most ``max_bytes``.
+
+    Checked on the descriptor (``fstat``), so a FIFO, a device or a huge file is refused
+    without a blocking or unbounded read.
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ProtocolError(f"{where}: not a regular file")
+    if info.st_size > max_bytes:
+        raise ProtocolError(f"{where}: larger than {max_bytes} bytes")
+    data = os.read(fd, max_bytes + 1)
     if len(data) > max_bytes:
-        raise ProtocolError(f"{path}: larger than {max_bytes} bytes")
+        raise ProtocolError(f"{where}: larger than {max_bytes} bytes")
+    return data
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`ProtocolError` (naming the file) otherwise.
+
+    The last component is never followed if it is a symlink, and a FIFO never blocks."""
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as exc:
+        raise ProtocolError(f"{path}: cannot read: {_why(exc)}") from None
+    try:
+        data = read_capped(fd, str(path), max_bytes)
+    finally:
+        os.close(fd)
+    return parse_json(data, str(path))
+
+
+def parse_json(data: bytes, where: str) -> dict[str, Any]:
+    """The JSON object in ``data`` (read from ``where``)."""
     try:
         payload = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"{path}: not valid JSON: {exc}") from None
+        raise ProtocolError(f"{where}: not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
-        raise ProtocolError(f"{path}: expected a JSON object, got {type(payload).__name__}")
+        raise ProtocolError(f"{where}: expected a JSON object, got {type(payload).__name__}")
     return payload
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link (not followed)"
+    return exc.strerror or str(exc)
 
 
 def _field_checkers() -> dict[str, Callable[[Any], bool]]:

@@ -1,5 +1,8 @@
 """Shared fixtures. ``dev_cluster`` brings up a real Slurm (munged, slurmctld, six slurmd with
-typed fake GPUs) once per test session and takes it down afterwards.
+typed fake GPUs) once per test session and takes it down afterwards. slurmctld runs as the
+service account ``siasvc`` (SlurmUser), as the controller does in production; root stays
+privileged in Slurm, so tests that run scontrol as root are unaffected. ``test_accounts``
+creates that account and two ordinary users; ``shared_python`` lets them run this Python.
 
 If Slurm cannot start, every test that uses it errors with the reason: these tests are never
 skipped (CI installs the Debian packages; see scripts/install.sh).
@@ -8,12 +11,14 @@ skipped (CI installs the Debian packages; see scripts/install.sh).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
+from tests.accounts import TestAccounts, ensure_test_accounts, grant_traverse, share_python
 
 REPO = Path(__file__).resolve().parent.parent
 # Tests use their own port range so that a developer's `dev-cluster up` can keep running.
@@ -26,11 +31,31 @@ def dev_cluster_spec() -> DevClusterSpec:
 
 
 @pytest.fixture(scope="session")
+def test_accounts() -> TestAccounts:
+    """``siasvc`` (system account, no shell, no home), ``siaalice`` and ``siabob``; created
+    if missing, kept afterwards (creating them again every session would gain nothing)."""
+    return ensure_test_accounts()
+
+
+@pytest.fixture(scope="session")
+def shared_python(test_accounts: TestAccounts) -> str:
+    """This interpreter and the checkout, reachable by the test users (checked: siaalice can
+    import sia_slurm and torch); returns the interpreter's path for their job scripts."""
+    share_python(test_accounts.alice.name)
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
 def dev_cluster(
-    tmp_path_factory: pytest.TempPathFactory, dev_cluster_spec: DevClusterSpec
+    tmp_path_factory: pytest.TempPathFactory,
+    dev_cluster_spec: DevClusterSpec,
+    test_accounts: TestAccounts,
 ) -> Iterator[DevCluster]:
     root = tmp_path_factory.mktemp("dev-cluster")
-    cluster = DevCluster(root, port_base=TEST_PORT_BASE)
+    # pytest makes its temporary directories 0700; slurmctld (as siasvc) and every user's
+    # client commands must reach slurm.conf and the munge socket in there.
+    grant_traverse(root)
+    cluster = DevCluster(root, port_base=TEST_PORT_BASE, slurm_user=test_accounts.service.name)
     cluster.up(dev_cluster_spec)
     try:
         yield cluster

@@ -170,10 +170,10 @@ def write_empty_atomic(path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         try:
+            os.fchmod(fd, 0o644)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

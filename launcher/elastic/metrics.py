@@ -103,6 +103,8 @@ class MetricsReporter:
             grad_var=noise.grad_var,
             steps=steps,
             round_index=round_index,
+            slurm_job_id=self.env.slurm_job_id,
+            slurm_restart_count=self.env.restarts,
         )
         try:
             write_document(self.paths.metrics(self.env.sia_id), report)

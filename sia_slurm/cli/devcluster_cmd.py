@@ -87,12 +87,29 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     help="Slurm's AuthInfo cred_expire: a requeued job waits this long (+1 s) before it may "
     "start again, so every restart costs at least this much.",
 )
-def up(spec: str, root: Path, port_base: int, timeout: float, cred_expire: int) -> None:
+@click.option(
+    "--slurm-user",
+    metavar="NAME",
+    default=None,
+    help="Run slurmctld as this existing account (Slurm's SlurmUser, privileged in Slurm), as "
+    "the controller's service account runs in production; create it with `useradd --system`. "
+    "slurmd still runs as the invoking user. Default: the invoking user.",
+)
+def up(
+    spec: str,
+    root: Path,
+    port_base: int,
+    timeout: float,
+    cred_expire: int,
+    slurm_user: str | None,
+) -> None:
     try:
         parsed = DevClusterSpec.parse(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--spec") from None
-    cluster = DevCluster(root, port_base=port_base, log=_say, cred_expire_s=cred_expire)
+    cluster = DevCluster(
+        root, port_base=port_base, log=_say, cred_expire_s=cred_expire, slurm_user=slurm_user
+    )
     try:
         cluster.up(parsed, timeout_s=timeout)
     except DevClusterError as exc:

@@ -16,6 +16,7 @@ from sia_slurm.cli.devcluster_cmd import dev_cluster
 from sia_slurm.cli.explain_cmd import explain
 from sia_slurm.cli.profile_cmd import profile
 from sia_slurm.cli.report_cmd import report_command
+from sia_slurm.cli.setup_cmd import setup_command
 from sia_slurm.cli.simulate_cmd import simulate_command
 from sia_slurm.cli.status_cmd import status
 
@@ -47,6 +48,7 @@ cli.add_command(dev_cluster)
 cli.add_command(explain)
 cli.add_command(profile)
 cli.add_command(report_command)
+cli.add_command(setup_command)
 cli.add_command(status)
 cli.add_command(simulate_command)
 

@@ -32,7 +32,7 @@ Render the dashboard of a controller run or of a simulation.
 Exactly one source:
   --db PATH       the controller's state database (STATE_DIR/sia.db)
   --config FILE   the controller's configuration: its state_dir's sia.db,
-                  plus the jobs' last metrics reports in STATE_DIR/spool
+                  plus the jobs' last metrics reports in STATE_DIR/jobs
   --sim DIR       a `sia-slurm simulate --out DIR` directory (with
                   --workload LABEL when it holds several workloads)
 
@@ -125,7 +125,7 @@ def _load(
         return data if title is None else _retitled(data, title)
     if config_path is not None:
         config = load_config_or_exit(config_path)
-        return report_from_db(config.db_path, spool_dir=config.spool_dir, title=title)
+        return report_from_db(config.db_path, state_dir=config.state_dir, title=title)
     assert db_path is not None
     return report_from_db(db_path, title=title)
 

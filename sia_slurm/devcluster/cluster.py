@@ -4,6 +4,11 @@ Everything lives under one directory (config, munge key and socket, state, spool
 device files, and ``cluster.json`` recording the pids we started). ``up`` is idempotent: a
 cluster already running there is reused, never started twice. Nothing is installed: missing
 binaries are reported with the Debian packages that provide them.
+
+With ``slurm_user`` slurmctld runs as that account (Slurm's SlurmUser, which Slurm treats as
+privileged), as the controller's service account does in production: root starts slurmctld, it
+drops to the account, and everything it writes (state, log, pid file) is made the account's
+first. slurmd stays the invoking user (root), because it must start each job as its owner.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon, stop_daemons
 from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
 from sia_slurm.devcluster.spec import DevClusterSpec
@@ -50,6 +56,15 @@ class DevClusterError(RuntimeError):
     """The dev cluster could not be started, checked or stopped; the message says why."""
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """What ``cluster.json`` says runs: the spec, slurmctld's user and the daemons."""
+
+    spec: str
+    slurm_user: str
+    daemons: list[DaemonRecord]
+
+
 class DevCluster:
     """A dev cluster rooted at ``root``; ``spec`` and ``port_base`` matter only for ``up``."""
 
@@ -59,7 +74,10 @@ class DevCluster:
         port_base: int = DEFAULT_PORT_BASE,
         log: Log | None = None,
         cred_expire_s: int = 30,
+        slurm_user: str | None = None,
     ):
+        """``slurm_user``: the account slurmctld drops to (SlurmUser); None keeps the invoking
+        user, as before service accounts existed. The account must exist when ``up`` runs."""
         root = Path(root).absolute()
         self.layout = ClusterLayout(
             root=root,
@@ -67,6 +85,7 @@ class DevCluster:
             user=getpass.getuser(),
             port_base=port_base,
             cred_expire_s=cred_expire_s,
+            slurm_user=slurm_user,
         )
         self._log = log or (lambda message: None)
 
@@ -84,16 +103,18 @@ class DevCluster:
         """Start the cluster unless it already runs; return True when it was started now."""
         running = self._recorded()
         if running is not None:
-            old_spec, records = running
+            records = running.daemons
             alive = [r for r in records if is_alive(r)]
             if len(alive) == len(records):
-                if old_spec != str(spec):
+                wanted = (str(spec), self.layout.controller_user)
+                if (running.spec, running.slurm_user) != wanted:
                     raise DevClusterError(
-                        f"a dev cluster with spec {old_spec} already runs in {self.layout.root}; "
-                        f"run `sia-slurm dev-cluster down --dir {self.layout.root}` first to "
-                        f"start one with spec {spec}"
+                        f"a dev cluster with spec {running.spec} and SlurmUser "
+                        f"{running.slurm_user} already runs in {self.layout.root}; run "
+                        f"`sia-slurm dev-cluster down --dir {self.layout.root}` first to start "
+                        f"one with spec {spec} and SlurmUser {self.layout.controller_user}"
                     )
-                self._log(f"dev cluster already up in {self.layout.root} ({old_spec})")
+                self._log(f"dev cluster already up in {self.layout.root} ({running.spec})")
                 return False
             if alive:
                 dead = ", ".join(r.role for r in records if r not in alive)
@@ -103,8 +124,9 @@ class DevCluster:
                 )
             self.layout.state_file.unlink()
         binaries = find_binaries()
+        account = self._slurm_account()
         self._check_ports(spec)
-        self._prepare_files(spec, binaries)
+        self._prepare_files(spec, binaries, account)
         records: list[DaemonRecord] = []
         try:
             records.append(self._start_munge(binaries))
@@ -136,7 +158,7 @@ class DevCluster:
         if recorded is None:
             self._log(f"no dev cluster recorded in {self.layout.root}")
             return False
-        _, records = recorded
+        records = recorded.daemons
         controller = next((r for r in records if r.role == "slurmctld"), None)
         if controller is not None and is_alive(controller):
             self._cancel_all_jobs(timeout_s)
@@ -149,16 +171,17 @@ class DevCluster:
 
     def is_up(self) -> bool:
         recorded = self._recorded()
-        return recorded is not None and all(is_alive(r) for r in recorded[1])
+        return recorded is not None and all(is_alive(r) for r in recorded.daemons)
 
     def status(self) -> str:
         """Daemons, nodes (state and GRES per partition) and the job queue, as text."""
         recorded = self._recorded()
         if recorded is None:
             return f"no dev cluster in {self.layout.root}"
-        spec, records = recorded
+        records = recorded.daemons
         lines = [
-            f"dev cluster in {self.layout.root}: {spec}",
+            f"dev cluster in {self.layout.root}: {recorded.spec}",
+            f"SlurmUser (slurmctld runs as): {recorded.slurm_user}",
             f"export SLURM_CONF={self.layout.slurm_conf}",
             "",
             "daemons:",
@@ -192,10 +215,33 @@ class DevCluster:
                         "range with --port-base"
                     ) from None
 
-    def _prepare_files(self, spec: DevClusterSpec, binaries: dict[str, str]) -> None:
+    def _slurm_account(self) -> Account | None:
+        """SlurmUser's account when one was asked for (None: slurmctld stays the invoking
+        user, as always). A missing account is the administrator's to create, never ours."""
+        name = self.layout.slurm_user
+        if name is None:
+            return None
+        account = Account.lookup(name)
+        if account is None:
+            raise DevClusterError(
+                f"SlurmUser {name!r} does not exist: create the service account first, e.g. "
+                f"`useradd --system --no-create-home --shell /usr/sbin/nologin {name}`"
+            )
+        return account
+
+    def _prepare_files(
+        self, spec: DevClusterSpec, binaries: dict[str, str], account: Account | None
+    ) -> None:
         layout = self.layout
         for sub in ("etc", "state", "spool", "run", "log", "dev"):
             (layout.root / sub).mkdir(parents=True, exist_ok=True)
+        blocked = untraversable(layout.root / "etc", account) if account else []
+        if account and blocked:
+            names = " ".join(str(d) for d in blocked)
+            raise DevClusterError(
+                f"slurmctld runs as {account.name} (SlurmUser), which cannot enter {names}: "
+                f"let others traverse them (`chmod o+x {names}`) or use another --dir"
+            )
         # munged insists that its key and key directory are private, and the socket
         # directory must be reachable by every user that submits jobs.
         layout.munge_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -203,12 +249,30 @@ class DevCluster:
         os.chmod(layout.munge_socket.parent, 0o755)
         if not layout.munge_key.exists():
             _run_setup([binaries["mungekey"], "-c", "-k", str(layout.munge_key)])
-        state_dir = layout.root / "state"
-        shutil.rmtree(state_dir)
-        state_dir.mkdir()
+        shutil.rmtree(layout.state_dir)
+        layout.state_dir.mkdir()
         self._make_gpu_files(spec)
-        layout.slurm_conf.write_text(render_slurm_conf(spec, layout))
-        layout.gres_conf.write_text(render_gres_conf(spec, layout))
+        for path, text in (
+            (layout.slurm_conf, render_slurm_conf(spec, layout)),
+            (layout.gres_conf, render_gres_conf(spec, layout)),
+        ):
+            path.write_text(text)
+            # Every client and SlurmUser read these; a umask of 077 must not hide them.
+            os.chmod(path, 0o644)
+        if account is not None:
+            self._hand_to_slurm_user(account)
+
+    def _hand_to_slurm_user(self, account: Account) -> None:
+        """Make what slurmctld writes SlurmUser's: once it has dropped to that account it
+        must still write its state and append to its log (it creates the pid file as root
+        and chowns it itself, but a stale one from an earlier run would be root's)."""
+        layout = self.layout
+        if account.uid == os.geteuid():
+            return
+        layout.slurmctld_log.touch()
+        layout.slurmctld_pid.unlink(missing_ok=True)
+        for path in (layout.state_dir, layout.slurmctld_log):
+            os.chown(path, account.uid, account.gid)
 
     def _make_gpu_files(self, spec: DevClusterSpec) -> None:
         """Character devices 195:N (like /dev/nvidiaN) so Slurm sets CUDA_VISIBLE_DEVICES.
@@ -267,9 +331,7 @@ class DevCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             if not is_alive(controller):
-                raise DevClusterError(
-                    f"slurmctld exited:\n{_tail(self.layout.log_dir / 'slurmctld.log')}"
-                )
+                raise DevClusterError(f"slurmctld exited:\n{_tail(self.layout.slurmctld_log)}")
             try:
                 if "is UP" in runner.run(["scontrol", "ping"], check=False).stdout:
                     return
@@ -278,7 +340,7 @@ class DevCluster:
             if time.monotonic() > deadline:
                 raise DevClusterError(
                     "slurmctld did not answer `scontrol ping` within "
-                    f"{timeout_s:g} s:\n{_tail(self.layout.log_dir / 'slurmctld.log')}"
+                    f"{timeout_s:g} s:\n{_tail(self.layout.slurmctld_log)}"
                 )
             time.sleep(0.2)
 
@@ -338,6 +400,7 @@ class DevCluster:
     def _save(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None:
         payload = {
             "spec": str(spec),
+            "slurm_user": self.layout.controller_user,
             "port_base": self.layout.port_base,
             "slurm_conf": str(self.layout.slurm_conf),
             "daemons": [asdict(r) for r in records],
@@ -346,14 +409,16 @@ class DevCluster:
         tmp.write_text(json.dumps(payload, indent=2))
         tmp.replace(self.layout.state_file)
 
-    def _recorded(self) -> tuple[str, list[DaemonRecord]] | None:
+    def _recorded(self) -> _Recorded | None:
         path = self.layout.state_file
         if not path.exists():
             return None
         try:
             payload = json.loads(path.read_text())
             records = [DaemonRecord(**item) for item in payload["daemons"]]
-            return str(payload["spec"]), records
+            # Records written before SlurmUser was a choice ran slurmctld as the invoker.
+            slurm_user = str(payload.get("slurm_user", self.layout.user))
+            return _Recorded(str(payload["spec"]), slurm_user, records)
         except (ValueError, KeyError, TypeError) as exc:
             raise DevClusterError(
                 f"{path}: unreadable record of the dev cluster ({exc}); "

@@ -16,7 +16,12 @@ from sia_slurm.devcluster.spec import DevClusterSpec
 
 @dataclass(frozen=True)
 class ClusterLayout:
-    """Where a dev cluster keeps its files and which ports and user it uses."""
+    """Where a dev cluster keeps its files and which ports and users it uses.
+
+    ``user`` runs the daemons (slurmd stays this user, root in practice: it must switch to each
+    job's owner); ``slurm_user``, when given, is Slurm's SlurmUser: slurmctld, started by
+    ``user``, drops to it, and Slurm treats it as privileged (the controller's service account).
+    """
 
     root: Path
     hostname: str
@@ -26,6 +31,12 @@ class ClusterLayout:
     # of every restart on the cluster. Slurm's default is 120 s; 30 s keeps tests quick while
     # leaving credentials time to reach a slurmd on a loaded machine.
     cred_expire_s: int = 30
+    slurm_user: str | None = None
+
+    @property
+    def controller_user(self) -> str:
+        """The user slurmctld runs as (SlurmUser)."""
+        return self.slurm_user or self.user
 
     @property
     def slurm_conf(self) -> Path:
@@ -46,6 +57,18 @@ class ClusterLayout:
     @property
     def log_dir(self) -> Path:
         return self.root / "log"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def slurmctld_log(self) -> Path:
+        return self.log_dir / "slurmctld.log"
+
+    @property
+    def slurmctld_pid(self) -> Path:
+        return self.root / "run" / "slurmctld.pid"
 
     @property
     def gpu_dir(self) -> Path:
@@ -76,13 +99,13 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={layout.munge_socket},cred_expire={layout.cred_expire_s}",
-        f"SlurmUser={layout.user}",
+        f"SlurmUser={layout.controller_user}",
         f"SlurmdUser={layout.user}",
-        f"StateSaveLocation={root}/state",
+        f"StateSaveLocation={layout.state_dir}",
         f"SlurmdSpoolDir={root}/spool/%n",
-        f"SlurmctldPidFile={root}/run/slurmctld.pid",
+        f"SlurmctldPidFile={layout.slurmctld_pid}",
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
-        f"SlurmctldLogFile={layout.log_dir}/slurmctld.log",
+        f"SlurmctldLogFile={layout.slurmctld_log}",
         f"SlurmdLogFile={layout.log_dir}/slurmd-%n.log",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",

@@ -12,9 +12,9 @@ What comes from where (schema: :mod:`sia_slurm.state.store`):
   same configuration, ending at the next change, the job's finish or the last round);
 * the *measured* goodput of a job from its newest metrics report: throughput of the reported
   shape times the statistical efficiency of its gradient statistics at its batch, relative to
-  M0. Reports of finished jobs are dropped from the database, so for them the spool file
-  (``<state_dir>/spool/<id>.json``, the last report the job wrote) is read when a spool
-  directory is given.
+  M0. Reports of finished jobs are dropped from the database, so for them the job's metrics
+  file (``<state_dir>/jobs/<id>/metrics.json``, the last report the job wrote) is read when
+  a state directory is given.
 
 Times are shown in seconds since the first submission. The database is opened read-only in
 spirit (nothing is written; the store's open never migrates an up-to-date schema).
@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sia_slurm.model.efficiency import GradientStats, efficiency
-from sia_slurm.protocol import MetricsReport, ProtocolError, from_json, read_document
+from sia_slurm.protocol import METRICS_FILE, MetricsReport, ProtocolError, StatePaths, from_json
 from sia_slurm.report.data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
+from sia_slurm.slurm.jobfiles import SlurmRecord
 from sia_slurm.state import RoundRow, Store, StoreError
 from sia_slurm.state.store import GONE, round_row
 from sia_slurm.state.store import JobRow as StoredJob
+from sia_slurm.userfiles import JobDirectory
 
 NO_CONFIG = "-"
 
@@ -55,9 +57,10 @@ class _DecisionPoint:
 
 
 def report_from_db(
-    db_path: Path, *, spool_dir: Path | None = None, title: str | None = None
+    db_path: Path, *, state_dir: Path | None = None, title: str | None = None
 ) -> ReportData:
-    """Read ``db_path`` (and optionally the spool) into a :class:`ReportData`."""
+    """Read ``db_path`` (and optionally the jobs' last metrics files under ``state_dir``) into
+    a :class:`ReportData`."""
     try:
         store = Store.open(Path(db_path), create=False)
     except StoreError as exc:
@@ -70,10 +73,11 @@ def report_from_db(
         nodes = store.last_nodes()
     finally:
         store.close()
-    if spool_dir is not None:
+    if state_dir is not None:
+        paths = StatePaths(Path(state_dir))
         for job in jobs:
             if job.sia_id not in reports:
-                report = _spool_report(spool_dir / f"{job.sia_id}.json")
+                report = _last_report(paths, job.sia_id)
                 if report is not None:
                     reports[job.sia_id] = report
     origin = _origin(jobs, rounds)
@@ -142,13 +146,17 @@ def _stored_reports(store: Store) -> dict[str, MetricsReport]:
     return newest
 
 
-def _spool_report(path: Path) -> MetricsReport | None:
-    """The job's last spool report, or ``None`` if it never wrote one. A damaged file is an
-    error (naming file and field), as everywhere else."""
-    if not path.exists():
-        return None
+def _last_report(paths: StatePaths, sia_id: str) -> MetricsReport | None:
+    """The job's last metrics report, or ``None`` if it never wrote one (or the controller
+    never recorded whose job it is). The file is the job's user's, so it is read through the
+    user-file door as that user's (``control/<id>/slurm.json`` says who). A damaged file is
+    an error (naming file and field), as everywhere else."""
     try:
-        return read_document(MetricsReport, path)
+        record = SlurmRecord.read(paths.slurm_record(sia_id))
+        if record is None:
+            return None
+        with JobDirectory(paths.jobs_dir, sia_id, record.user_id) as directory:
+            return directory.read_document(MetricsReport, METRICS_FILE)
     except ProtocolError as exc:
         raise ReportSourceError(str(exc)) from None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -24,10 +25,11 @@ from pathlib import Path
 from types import FrameType
 
 from sia_slurm.config import SiaConfig
-from sia_slurm.service.build import BackendFactory, build_backend, open_controller
+from sia_slurm.service.build import BackendFactory, ServiceError, build_backend, open_controller
 from sia_slurm.service.lock import ControllerLock
 from sia_slurm.service.round import Clock, RoundReport, run_round
 from sia_slurm.state import Store
+from sia_slurm.state.tree import prepare as prepare_tree
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,16 @@ def run_service(
     the state or the backend cannot be set up.
     """
     dry_run = options.dry_run or config.dry_run
+    problems = prepare_tree(config.state_dir, os.geteuid())
+    if problems:
+        raise ServiceError(
+            f"the state directory {config.state_dir} is not safe to run on:\n  "
+            + "\n  ".join(problems)
+        )
+    if os.geteuid() == 0:
+        logger.warning(
+            "the controller runs as root; it needs only Slurm's SlurmUser (docs/operations.md)"
+        )
     with ControllerLock(config.state_dir), Store.open(config.db_path) as store:
         controller, _notes = open_controller(config, store, options.profiles_dir)
         backend = options.backend_factory(config)

@@ -121,7 +121,8 @@ def run_round(
     if dry_run:
         for action, entry_id in zip(outcome.actions, ids, strict=True):
             log_action(action, "dry-run", "not issued", journal_id=entry_id)
-    elif outcome.actions:
+    else:
+        # Called with no actions too: the backend enforces its grants every round.
         results, error = _apply(store, journal, backend, outcome.actions, ids, clock)
     timings["apply_s"] = time.perf_counter() - mark
     timings["round_s"] = time.perf_counter() - started
@@ -210,6 +211,9 @@ def _apply(
     try:
         results = list(backend.apply(actions))
     except Exception as exc:
+        if not actions:
+            logger.exception("applying no actions (enforcement only) failed: %s", exc)
+            return [], f"apply failed: {type(exc).__name__}: {exc}"
         round_index = actions[0].round_index
         logger.exception(
             "[round=%d] applying %d action(s) failed: %s; they stay pending and are re-applied "

@@ -2,23 +2,32 @@
 
 Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
 
-* **Stop** a running job: write ``stop.json``, ``scancel --batch --signal=USR1``, wait for
-  ``ack-<round>`` (up to ``restart.checkpoint_timeout_s``; then go on and say so),
-  ``scontrol requeuehold``, wait until Slurm has taken the GPUs back (COMPLETING -> PENDING),
-  remove ``stop.json``. The signal goes to every stopping job first, then all are awaited
+* **Stop** a running job: write ``control/<id>/stop.json``, ``scancel --batch
+  --signal=USR1``, wait for the job's ``jobs/<id>/ack-<round>`` (a regular file of the job's
+  user; up to ``restart.checkpoint_timeout_s``; then go on and say so), ``scontrol
+  requeuehold``, wait until Slurm has taken the GPUs back (COMPLETING -> PENDING), remove
+  ``stop.json``. The signal goes to every stopping job first, then all are awaited
   together, so the waits overlap. A job that exits 0 without an ack finished its training
   instead: it is not requeued. Every stop half runs before any start half, so a move may take
   GPUs that another move of the same call frees (tests/e2e checks it on real Slurm).
 * **Start** a pending job: ``scontrol hold`` (if released), ``scontrol update Partition=P
   TresPerNode=gres:gpu:K NumNodes=N-N NumTasks=N ReqNodeList=...``, read the job back (an
-  update that exits 0 may not have taken), write ``assignment.json``, ``scontrol release``,
-  and for a requeued job ``StartTime=now`` (a requeue delays it by cred_expire + 1 s).
+  update that exits 0 may not have taken), write ``assignment.json`` for that Slurm run (job id
+  and restart count), ``scontrol release``, and for a requeued job ``StartTime=now`` (a
+  requeue delays it by cred_expire + 1 s).
   A node-count shrink of a job that has run does not take on 22.05: the job is resubmitted
   under a new Slurm job id with the same comment (sia id) and batch script
-  (``scontrol write batch_script``), recorded in ``jobs/<sia_id>/slurm.json``, and the old job
-  is cancelled.
+  (``scontrol write batch_script``, kept in ``control/<sia_id>/``), recorded in
+  ``control/<sia_id>/slurm.json``, and the old job is cancelled. Only root can submit for
+  another user, so a controller under a service account fails such a shrink and says so.
 * **Move** = the stop half, then the start half.
 * **Rebatch**: rewrite ``assignment.json`` with the new round and batch; nothing in Slurm.
+* **Enforce** (every ``apply``, before the actions): requeue and hold a managed run that holds
+  GPUs the controller did not grant it, and hold a pending job that someone else released or
+  that only its user holds.
+
+The controller writes only under ``control/``, its own tree; the job's directory is read
+through :mod:`sia_slurm.userfiles`.
 
 Every action is idempotent, because the service replays unfinished ones after a crash: each
 step looks at where the job already is (an assignment written for this round, a job already
@@ -29,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -40,16 +49,19 @@ from sia_slurm.protocol import (
     ProtocolError,
     StatePaths,
     StopRequest,
+    ack_name,
     read_document,
     write_document,
+    write_text_atomic,
 )
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.commands import Shape
-from sia_slurm.slurm.jobfiles import DocumentCache, SlurmRecord
+from sia_slurm.slurm.jobfiles import DocumentCache
 from sia_slurm.slurm.jsonparse import SlurmJob
 from sia_slurm.slurm.managed import ManagedJob
 from sia_slurm.slurm.runner import CommandError, CommandRunner
+from sia_slurm.userfiles import JobDirectory
 
 if TYPE_CHECKING:
     from sia_slurm.slurm.backend import JobsView
@@ -101,6 +113,7 @@ class _Placement:
     job: ManagedJob
     slurm_job_id: str = ""
     restarts: int = 0
+    slurm_restart_count: int = 0  # Slurm's count of the run the job is released into
     resubmitted: bool = False
 
 
@@ -124,6 +137,32 @@ class Actuator:
         self.paths = paths
         self.documents = documents
         self.observe = observe
+
+    def enforce(
+        self,
+        requeue: Mapping[str, tuple[ManagedJob, str]],
+        hold: Mapping[str, tuple[ManagedJob, str]],
+    ) -> None:
+        """Undo what the controller did not grant: requeue and hold each run in ``requeue``,
+        hold each pending job in ``hold`` (both by sia id, with the reason). A failure is
+        logged and met again at the next snapshot."""
+        for verb, build, jobs in (
+            ("requeued and held", commands.requeue_hold, requeue),
+            ("held by the controller", commands.hold, hold),
+        ):
+            if not jobs:
+                continue
+            ids = {managed.current.job_id: sia_id for sia_id, (managed, _) in jobs.items()}
+            failures = self._batched(build, list(ids))
+            for job_id, sia_id in ids.items():
+                reason = jobs[sia_id][1]
+                if job_id in failures:
+                    logger.warning(
+                        "[job=%s] Slurm job %s: %s, but it could not be %s: %s",
+                        sia_id, job_id, reason, verb, failures[job_id],
+                    )  # fmt: skip
+                else:
+                    logger.warning("[job=%s] Slurm job %s: %s: %s", sia_id, job_id, reason, verb)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         """Apply one round's actions, each job as soon as it can go.
@@ -257,8 +296,8 @@ class Actuator:
         outcome: dict[str, str] = {}
         completed: dict[str, SlurmJob] = {}
         while True:
-            for sia_id, (action, _) in list(waiting.items()):
-                if self.paths.ack(sia_id, action.round_index).exists():
+            for sia_id, (action, job) in list(waiting.items()):
+                if self._acked(sia_id, job.user_id, action.round_index):
                     outcome[sia_id] = f"acknowledged after {self.clock.now() - start:.1f} s"
                     del waiting[sia_id]
             now = self.clock.now()
@@ -294,7 +333,16 @@ class Actuator:
             request = read_document(StopRequest, path) if path.exists() else None
         except ProtocolError:
             request = None
-        return request is None or not self.paths.ack(sia_id, request.round_index).exists()
+        return request is None or not self._acked(sia_id, job.user_id, request.round_index)
+
+    def _acked(self, sia_id: str, uid: int, round_index: int) -> bool:
+        """Whether the job's user acknowledged the stop of ``round_index``: a regular file
+        ``ack-<round>`` of theirs in their job directory (anything else there does not count)."""
+        try:
+            with JobDirectory(self.paths.jobs_dir, sia_id, uid) as directory:
+                return directory.has_own_file(ack_name(round_index))
+        except ProtocolError:
+            return False
 
     def _settle_completed(self, action: Stop | Move, job: SlurmJob, book: _Round) -> None:
         """A job that completed instead of stopping: nothing to requeue; a Stop is done, a
@@ -357,7 +405,10 @@ class Actuator:
         ready = [s for s in steps if not book.done(s.action)]
         for step in ready:
             assignment = replace(
-                step.assignment, restarts=step.restarts, slurm_job_id=step.slurm_job_id
+                step.assignment,
+                restarts=step.restarts,
+                slurm_job_id=step.slurm_job_id,
+                slurm_restart_count=step.slurm_restart_count,
             )
             path = self.paths.assignment(step.action.sia_id)
             write_document(path, assignment)
@@ -414,9 +465,11 @@ class Actuator:
             requeued = replace(job, state="PENDING", held=True, restart_count=job.restart_count + 1)
             managed = replace(managed, current=requeued)
             job = requeued
-        elif not job.held:
-            self._run(commands.hold([job.job_id]))
-        return _Placement(action, shape, assignment, managed, job.job_id, managed.restarts)
+        elif not job.held or job.reason in commands.USER_HOLD_REASONS:
+            self._run(commands.hold([job.job_id]))  # the controller's hold, not the user's
+        return _Placement(
+            action, shape, assignment, managed, job.job_id, managed.restarts, job.restart_count
+        )
 
     def _reshape(self, steps: list[_Placement], book: _Round) -> None:
         """Update each job to its shape (or resubmit it), then read all back at once: an
@@ -465,21 +518,23 @@ class Actuator:
                 f"Slurm job {old.job_id} must be resubmitted to shrink it, which needs root "
                 f"(it belongs to uid {old.user_id})"
             )
-        script = self.paths.job_dir(sia_id) / "batch-script"
+        script = self.paths.batch_copy(sia_id)  # the controller's own tree: no user can swap it
         if not script.exists():
             text = self._run(commands.write_batch_script(old.job_id))
             if not text.startswith("#!"):
                 raise ActuationError(
                     f"scontrol write batch_script {old.job_id} gave no script: {text[:80]!r}"
                 )
-            _write_private(script, text)
+            write_text_atomic(script, text, mode=0o600)
         argv = commands.resubmit(old, step.shape, script, run_as_owner=euid == 0)
         new_id = commands.parse_parsable(self._run(argv))
         record = step.job.record
-        superseded = (*(record.superseded if record else ()), old.job_id)
-        SlurmRecord(new_id, step.job.restarts, superseded).write(
-            self.paths.job_dir(sia_id) / "slurm.json"
-        )
+        replace(
+            record,
+            slurm_job_id=new_id,
+            restart_base=step.job.restarts,
+            superseded=(*record.superseded, old.job_id),
+        ).write(self.paths.slurm_record(sia_id))
         self._run_quiet(commands.cancel([old.job_id]))
         logger.info(
             "[round=%d job=%s] resubmitted Slurm job %s as %s to shrink it to %d node(s)",
@@ -491,6 +546,7 @@ class Actuator:
         )
         step.slurm_job_id = new_id
         step.restarts = step.job.restarts
+        step.slurm_restart_count = 0
         step.resubmitted = True
 
     # ------------------------------------------------------------------------------------------
@@ -588,8 +644,9 @@ class Actuator:
         return Shape(partition, config.nodes, per_node, tuple(s.node for s in shares))
 
     def _clean_stop_files(self, action: Action) -> None:
+        """Withdraw the stop request (the controller's file; the job's ack stays: it is the
+        user's, and it answers one round only)."""
         self.paths.stop_request(action.sia_id).unlink(missing_ok=True)
-        self.paths.ack(action.sia_id, action.round_index).unlink(missing_ok=True)
 
     def _cancel_strays(self, view: JobsView) -> None:
         strays = [job.job_id for job in view.strays]
@@ -627,14 +684,3 @@ class Actuator:
             except CommandError as exc:
                 failures[job_id] = str(exc)
         return failures
-
-
-def _write_private(path: os.PathLike[str], text: str) -> None:
-    """Write ``text`` atomically, readable by its owner only (a user's batch script)."""
-    tmp = f"{os.fspath(path)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

@@ -2,9 +2,12 @@
 
 ``snapshot()`` issues three commands whatever the cluster size (``scontrol -o show node``,
 ``scontrol -o show reservation``, ``squeue --json``) and reads the job files under
-``state_dir``; ``apply(actions)`` carries out the controller's actions with ``scontrol``,
-``scancel`` and ``sbatch`` (:mod:`sia_slurm.slurm.actuate`). Everything Slurm-specific that
-was verified on the real daemons is in ``docs/slurm-actuation.md``.
+``state_dir`` (the users' through :mod:`sia_slurm.userfiles` only); ``apply(actions)`` first
+enforces the controller's grants (:class:`Enforcement`: a managed job runs only as assigned,
+waits only under the controller's hold), then carries out the controller's actions with
+``scontrol``, ``scancel`` and ``sbatch`` (:mod:`sia_slurm.slurm.actuate`). Everything
+Slurm-specific that was verified on the real daemons is in ``docs/slurm-actuation.md``; the
+threat model in ``docs/security.md``.
 
 A failed observation raises :class:`~sia_slurm.slurm.runner.CommandError` (the round cannot
 be decided without it); a bad job file never does: it is skipped and reported in
@@ -14,9 +17,11 @@ be decided without it); a bad job file never does: it is skipped and reported in
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sia_slurm.cluster import (
@@ -30,21 +35,33 @@ from sia_slurm.cluster import (
 from sia_slurm.config import SiaConfig
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare, NodeView
-from sia_slurm.protocol import Assignment, JobSpec, ProtocolError, StatePaths, StopRequest
+from sia_slurm.protocol import (
+    Assignment,
+    JobSpec,
+    MetricsReport,
+    ProtocolError,
+    StatePaths,
+    StopRequest,
+    ack_name,
+)
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.actuate import Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
-from sia_slurm.slurm.jobfiles import DocumentCache, MetricsSpool, SlurmRecord
+from sia_slurm.slurm.jobfiles import DocumentCache, MetricsInbox, RecordBook
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_reservations, parse_squeue_json
 from sia_slurm.slurm.managed import (
     ManagedJob,
     allocation_of,
+    first_record,
+    foreign_jobs,
     group_managed,
     job_phase,
     resolve,
+    unauthorized,
 )
 from sia_slurm.slurm.runner import CommandRunner, SubprocessRunner
+from sia_slurm.userfiles import JobDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +77,22 @@ class JobsView:
     jobs: tuple[SlurmJob, ...]
     managed: Mapping[str, ManagedJob]
     problems: tuple[str, ...] = ()
+    identity: tuple[str, ...] = ()  # jobs refused as managed, and why
 
     @property
     def strays(self) -> list[SlurmJob]:
         return [stray for job in self.managed.values() for stray in job.strays]
+
+
+@dataclass
+class Enforcement:
+    """What the last snapshot saw that the controller did not grant, for ``apply`` to undo
+    before it acts: runs to requeue and hold (by sia id, with the reason), pending jobs to
+    put under the controller's hold, and records seen for the first time, to persist."""
+
+    requeue: dict[str, tuple[ManagedJob, str]] = field(default_factory=dict)
+    hold: dict[str, tuple[ManagedJob, str]] = field(default_factory=dict)
+    new_records: dict[str, ManagedJob] = field(default_factory=dict)
 
 
 class SlurmBackend:
@@ -87,7 +116,9 @@ class SlurmBackend:
         self.partition_types = {p.name: p.gpu_type for p in config.partitions}
         self.documents = DocumentCache()
         gpu_types = tuple(dict.fromkeys(p.gpu_type for p in config.partitions))
-        self.spool = MetricsSpool(self.paths, gpu_types)
+        self.inbox = MetricsInbox(gpu_types)
+        self.records = RecordBook(self.paths.control_dir)
+        self.enforcement = Enforcement()  # from the latest snapshot, for the next apply
         self._reported: set[str] = set()  # job-file problems already reported once
         self.actuator = Actuator(
             config=config,
@@ -112,99 +143,83 @@ class SlurmBackend:
         nodes = parse_nodes(self.runner.run(list(commands.SHOW_NODES)).stdout)
         reservations = parse_reservations(self.runner.run(list(commands.SHOW_RESERVATIONS)).stdout)
         view = self.observe_jobs()
-        rejected: list[str] = []
-        specs = self._specs(view.managed, rejected)
-        scan = self.spool.scan(specs)
-        rejected += scan.rejected
+        rejected: list[str] = list(view.identity)
+        enforcement = Enforcement()
         jobs: list[JobSnapshot] = []
+        reports: list[MetricsReport] = []
         current_ids: set[str] = set()
-        for sia_id, spec in specs.items():
-            managed = view.managed[sia_id]
-            snapshot = self._job_snapshot(managed, spec, scan.latest.get(sia_id), rejected)
-            if snapshot is not None:
-                jobs.append(snapshot)
+        for sia_id, managed in view.managed.items():
+            if managed.first_sight:
+                enforcement.new_records[sia_id] = managed
+            observed = self._observe_job(managed, enforcement, rejected)
+            if observed is None:
+                continue
+            snapshot, report = observed
+            jobs.append(snapshot)
+            if report is not None:
+                reports.append(report)
+            if sia_id not in enforcement.requeue:
                 current_ids.add(managed.current.job_id)
+        self.inbox.keep_only(view.managed)
+        self.enforcement = enforcement
         reserved = {node for r in reservations if r.active for node in r.nodes}
         unmanaged = [job for job in view.jobs if job.job_id not in current_ids]
         return ClusterSnapshot(
             time=now,
             nodes=self._node_views(nodes, reserved, unmanaged),
             jobs=tuple(jobs),
-            reports=tuple(scan.reports),
+            reports=tuple(reports),
             rejected=tuple(self._once(rejected)),
         )
 
-    def _specs(self, managed: Mapping[str, ManagedJob], rejected: list[str]) -> dict[str, JobSpec]:
-        specs = {}
-        for sia_id, job in managed.items():
-            path = self.paths.spec(sia_id)
-            if job.current.finished and not path.exists():
-                continue  # an old job whose files were cleaned up: nothing to say
-            try:
-                spec = self.documents.read(JobSpec, path)
-            except ProtocolError as exc:
+    def _observe_job(
+        self, managed: ManagedJob, enforcement: Enforcement, rejected: list[str]
+    ) -> tuple[JobSnapshot, MetricsReport | None] | None:
+        """The job as the controller sees it, and its new metrics report; ``None`` when it
+        cannot be scheduled (said in ``rejected``, unless it is long finished)."""
+        job, sia_id = managed.current, managed.sia_id
+        assignment = self._read_own(
+            Assignment, self.paths.assignment(sia_id), "assignment", rejected
+        )
+        stop = self._read_own(
+            StopRequest, self.paths.stop_request(sia_id), "stop request", rejected
+        )
+        try:
+            with JobDirectory(self.paths.jobs_dir, sia_id, managed.user_id) as directory:
+                spec = self.documents.read_spec(directory)
+                if spec is None:
+                    raise ProtocolError(f"{directory.where('spec.json')}: does not exist")
+                if spec.sia_id != sia_id:
+                    raise ProtocolError(
+                        f"{directory.where('spec.json')}: sia_id is {spec.sia_id!r}"
+                    )
+                report, reported = self.inbox.read(sia_id, directory, managed.run, rejected)
+                acked = stop is not None and directory.has_own_file(ack_name(stop.round_index))
+        except ProtocolError as exc:
+            if not job.finished:
                 rejected.append(f"job {sia_id}: not scheduled: {exc}")
-                continue
-            if spec is None:
-                rejected.append(f"job {sia_id}: not scheduled: {path} does not exist")
-            elif spec.sia_id != sia_id:
-                rejected.append(f"job {sia_id}: not scheduled: {path}: sia_id is {spec.sia_id!r}")
-            else:
-                specs[sia_id] = spec
-        return specs
-
-    def _released_to(self, job: SlurmJob, assignment: Assignment | None, phase: JobPhase) -> bool:
-        """Whether a pending job was just released onto its assignment's nodes.
-
-        Slurm starts a released job a few seconds later; until then it reads PENDING. Reporting
-        it as STARTING (on its assigned nodes) keeps the controller from deciding it afresh
-        every round. An assignment older than ``RELEASE_GRACE_ROUNDS`` rounds no longer counts:
-        a job Slurm has not started by then is pending again, and the controller re-decides.
-        """
-        if phase is not JobPhase.PENDING or job.state != "PENDING" or job.held:
-            return False
-        if assignment is None or len(assignment.node_list) != assignment.nodes:
-            return False
-        if self.paths.stop_request(assignment.sia_id).exists():
-            return False
-        try:
-            written = self.paths.assignment(assignment.sia_id).stat().st_mtime
-        except OSError:
-            return False
-        age = time.time() - written
-        return age < RELEASE_GRACE_ROUNDS * self.config.round_seconds
-
-    def _job_snapshot(
-        self,
-        managed: ManagedJob,
-        spec: JobSpec,
-        latest_report: float | None,
-        rejected: list[str],
-    ) -> JobSnapshot | None:
-        job = managed.current
-        sia_id = managed.sia_id
-        try:
-            assignment = self.documents.read(Assignment, self.paths.assignment(sia_id))
-        except ProtocolError as exc:
-            rejected.append(f"job {sia_id}: assignment ignored: {exc}")
-            assignment = None
-        stop_path = self.paths.stop_request(sia_id)
-        try:
-            stop = self.documents.read(StopRequest, stop_path)
-        except ProtocolError as exc:
-            rejected.append(f"job {sia_id}: stop request ignored: {exc}")
-            stop = None
+            return None
+        # Identity and age come from Slurm (the record), never from the user's file.
+        spec = replace(spec, submit_time=managed.record.submit_time, owner_uid=managed.user_id)
+        reason = unauthorized(job, assignment, self.partition_types)
+        if reason is not None:
+            enforcement.requeue[sia_id] = (managed, reason)
+            message = f"runs on GPUs the controller did not grant ({reason}); being requeued"
+            return self._job(managed, spec, JobPhase.PENDING, message, assignment), None
         phase, message = job_phase(
             job,
             has_assignment=assignment is not None,
-            stop_requested=stop_path.exists(),
+            stop_requested=stop is not None,
             # The ack answers the stop request's round (not the assignment's, which is older).
-            acked=stop is not None and self.paths.ack(sia_id, stop.round_index).exists(),
-            latest_report=latest_report,
+            acked=acked,
+            reported=reported,
         )
-        batch = _batch_of(assignment) if assignment is not None else None
+        released = self._released_to(job, assignment, phase, stop is not None)
+        if job.state == "PENDING" and self._needs_hold(job, released):
+            why = "released without a grant" if not job.held else f"held by its user ({job.reason})"
+            enforcement.hold[sia_id] = (managed, why)
         config, placement = None, ()
-        if self._released_to(job, assignment, phase):
+        if released:
             assert assignment is not None
             per_node = assignment.gpus_per_node
             config = Configuration(assignment.gpu_type, assignment.nodes, assignment.gpus)
@@ -220,17 +235,77 @@ class SlurmBackend:
                 )
                 return None
             config, placement = allocation
+        snapshot = self._job(managed, spec, phase, message, assignment, config, placement)
+        return snapshot, report
+
+    def _job(
+        self,
+        managed: ManagedJob,
+        spec: JobSpec,
+        phase: JobPhase,
+        message: str,
+        assignment: Assignment | None,
+        config: Configuration | None = None,
+        placement: tuple[NodeShare, ...] = (),
+    ) -> JobSnapshot:
+        job = managed.current
         return JobSnapshot(
             spec=spec,
             phase=phase,
             config=config,
             placement=placement,
-            batch=batch,
+            batch=_batch_of(assignment) if assignment is not None else None,
             restarts=managed.restarts,
             finish_time=job.end_time if phase.finished else None,
             slurm_job_id=job.job_id,
             message=message,
         )
+
+    def _read_own(
+        self, cls: type[Assignment] | type[StopRequest], path: Path, what: str, rejected: list[str]
+    ) -> Assignment | StopRequest | None:
+        """One of the controller's own files (``control/``); a bad one is ignored and said."""
+        try:
+            return self.documents.read(cls, path)  # type: ignore[return-value]
+        except ProtocolError as exc:
+            rejected.append(f"job {path.parent.name}: {what} ignored: {exc}")
+            return None
+
+    def _released_to(
+        self, job: SlurmJob, assignment: Assignment | None, phase: JobPhase, stopping: bool
+    ) -> bool:
+        """Whether a pending job was just released by the controller, for this Slurm run.
+
+        Slurm starts a released job a few seconds later; until then it reads PENDING. Reporting
+        it as STARTING (on its assigned nodes) keeps the controller from deciding it afresh
+        every round. An assignment older than ``RELEASE_GRACE_ROUNDS`` rounds no longer counts:
+        a job Slurm has not started by then is held again and decided anew, so it can never
+        start later on GPUs the plan has since given to another job.
+        """
+        if phase is not JobPhase.PENDING or job.state != "PENDING" or job.held or stopping:
+            return False
+        if assignment is None or len(assignment.node_list) != assignment.nodes:
+            return False
+        if (assignment.slurm_job_id, assignment.slurm_restart_count) != (
+            job.job_id,
+            job.restart_count,
+        ):
+            return False
+        try:
+            written = os.stat(self.paths.assignment(assignment.sia_id)).st_mtime
+        except OSError:
+            return False
+        age = time.time() - written  # the controller's own clock on both sides
+        return age < RELEASE_GRACE_ROUNDS * self.config.round_seconds
+
+    @staticmethod
+    def _needs_hold(job: SlurmJob, released: bool) -> bool:
+        """A pending managed job waits under the controller's hold, unless the controller has
+        just released it: a job released by anyone else (its user, Slurm's own requeue) or
+        held by its user (who could release it) is held by the controller."""
+        if not job.held:
+            return not released
+        return job.reason in commands.USER_HOLD_REASONS
 
     def _node_views(
         self, nodes: tuple[NodeInfo, ...], reserved: set[str], unmanaged: list[SlurmJob]
@@ -270,25 +345,67 @@ class SlurmBackend:
     # Actuate
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
-        """Carry out ``actions`` (each idempotent; see :mod:`sia_slurm.slurm.actuate`)."""
+        """Enforce the grants the last snapshot found broken, then carry out ``actions``
+        (each idempotent; see :mod:`sia_slurm.slurm.actuate`). Called every round, with no
+        actions too, so enforcement never waits for a decision."""
+        enforcement, self.enforcement = self.enforcement, Enforcement()
+        self._persist_records(enforcement)
+        self.actuator.enforce(enforcement.requeue, enforcement.hold)
         return self.actuator.apply(actions)
+
+    def _persist_records(self, enforcement: Enforcement) -> None:
+        for sia_id, managed in enforcement.new_records.items():
+            path = self.paths.slurm_record(sia_id)
+            if path.exists():
+                continue  # written meanwhile (by a resubmission): that one is newer
+            managed.record.write(path)
+            logger.info(
+                "job %s: first seen as Slurm job %s of uid %d",
+                sia_id,
+                managed.record.slurm_job_id,
+                managed.user_id,
+            )
 
 
 def build_view(backend: SlurmBackend, jobs: tuple[SlurmJob, ...], problems: list[str]) -> JobsView:
     """Split ``jobs`` into managed (resolved per sia id, see :mod:`managed`) and the rest."""
     for problem in problems:
         logger.warning("%s", problem)
+    identity: list[str] = []
+    records = backend.records.load(identity)
+    known = {record.slurm_job_id: sia_id for sia_id, record in records.items()}
     managed = {}
-    for sia_id, group in group_managed(jobs, backend.config.managed_marker).items():
-        record = None
-        try:
-            record = SlurmRecord.read(backend.paths.job_dir(sia_id) / "slurm.json")
-        except ProtocolError as exc:
-            problems.append(str(exc))
+    for sia_id, group in group_managed(jobs, backend.config.managed_marker, known).items():
+        record = records.get(sia_id)
+        first_sight = record is None
+        if record is None:
+            record = first_record(group, _directory_owner(backend.paths, sia_id))
+            if record is None:
+                live = [j.job_id for j in group if not j.finished]
+                if live:
+                    identity.append(
+                        f"job {sia_id}: not scheduled: Slurm job(s) {', '.join(live)} carry it, "
+                        f"but {backend.paths.jobs_dir / sia_id} is not a directory of their user"
+                    )
+                continue
+        for job in foreign_jobs(group, record):
+            identity.append(
+                f"job {sia_id}: Slurm job {job.job_id} of uid {job.user_id} carries the sia id "
+                f"of uid {record.user_id}'s job: not managed, its GPUs count as taken"
+            )
         job = resolve(sia_id, group, record)
         if job is not None:
-            managed[sia_id] = job
-    return JobsView(jobs, managed, tuple(problems))
+            managed[sia_id] = replace(job, first_sight=first_sight)
+    return JobsView(jobs, managed, tuple(problems), tuple(identity))
+
+
+def _directory_owner(paths: StatePaths, sia_id: str) -> int | None:
+    """The uid owning ``jobs/<sia_id>/`` (a real directory), ``None`` if there is none."""
+    try:
+        info = os.stat(paths.job_dir(sia_id), follow_symlinks=False)
+    except (OSError, ProtocolError):
+        return None
+    return info.st_uid if stat.S_ISDIR(info.st_mode) else None
 
 
 def build_backend(

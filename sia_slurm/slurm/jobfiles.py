@@ -1,13 +1,15 @@
 """The controller's side of the job files under ``state_dir``: read them cheaply, trust nothing.
 
-* :class:`DocumentCache` reads specs and assignments, re-parsing a file only when its mtime or
-  size changed (a round with hundreds of jobs re-reads only what moved).
-* :class:`MetricsSpool` validates every ``spool/<sia_id>.json`` (size, schema, finite positive
-  numbers, the sia id of a managed job, the file owner) and hands on only reports newer than the
-  last one taken from that job; a bad file is reported once per version, never raised.
-* :class:`SlurmRecord` (``jobs/<sia_id>/slurm.json``) is the backend's own bookkeeping for a job
-  that was resubmitted under a new Slurm job id: which id is current, which ids it replaced,
-  and how many restarts the replaced ones had (Slurm's restart count starts again at 0).
+* :class:`DocumentCache` reads specs (through :class:`~sia_slurm.userfiles.JobDirectory`) and
+  the controller's own assignments and stop requests, re-parsing a file only when its mtime,
+  size or inode changed (a round with hundreds of jobs re-reads only what moved).
+* :class:`MetricsInbox` validates each job's ``jobs/<sia_id>/metrics.json`` (owner, size,
+  schema, finite positive numbers, a configured GPU type) and hands on only reports of the
+  job's current Slurm run that are newer than the last one taken; a bad file is reported once
+  per version, never raised.
+* :class:`SlurmRecord` (``control/<sia_id>/slurm.json``) is the controller's own record of a
+  job, written at first sight: whose it is (Slurm's user id), when it was submitted, which
+  Slurm job is current, which ids it replaced and how many restarts those had.
 """
 
 from __future__ import annotations
@@ -16,153 +18,155 @@ import logging
 import math
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from sia_slurm.protocol import (
-    MAX_FILE_BYTES,
+    METRICS_FILE,
+    SPEC_FILE,
     Assignment,
     JobSpec,
     MetricsReport,
     ProtocolError,
-    StatePaths,
+    StopRequest,
     read_document,
     read_json,
     write_json_atomic,
 )
+from sia_slurm.userfiles import JobDirectory
 
 logger = logging.getLogger(__name__)
 
-_D = TypeVar("_D", JobSpec, Assignment)
+_D = TypeVar("_D", JobSpec, Assignment, StopRequest)
+_Version = tuple[int, int, int]
+
+
+def _version(info: os.stat_result) -> _Version:
+    return (info.st_mtime_ns, info.st_size, info.st_ino)
 
 
 class DocumentCache:
-    """Parsed protocol documents keyed by path, re-read when (mtime, size) changes."""
+    """Parsed protocol documents keyed by path, re-read when (mtime, size, inode) changes."""
 
     def __init__(self) -> None:
-        self._entries: dict[Path, tuple[tuple[int, int], object]] = {}
+        self._entries: dict[Path, tuple[_Version, object]] = {}
 
     def read(self, cls: type[_D], path: Path) -> _D | None:
-        """The document at ``path``, ``None`` if there is none; :class:`ProtocolError` if bad."""
+        """The controller's own document at ``path``, ``None`` if there is none;
+        :class:`ProtocolError` if bad."""
         try:
-            info = path.stat()
+            info = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
             self._entries.pop(path, None)
             return None
         except OSError as exc:
             raise ProtocolError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        key = (info.st_mtime_ns, info.st_size)
         cached = self._entries.get(path)
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] == _version(info):
             return cached[1]  # type: ignore[return-value]
         document = read_document(cls, path)
-        self._entries[path] = (key, document)
+        self._entries[path] = (_version(info), document)
         return document
+
+    def read_spec(self, directory: JobDirectory) -> JobSpec | None:
+        """The job's ``spec.json``, read through the user-file door."""
+        path = directory.path / SPEC_FILE
+        info = directory.stat(SPEC_FILE)
+        if info is None:
+            self._entries.pop(path, None)
+            return None
+        cached = self._entries.get(path)
+        if cached is not None and cached[0] == _version(info):
+            return cached[1]  # type: ignore[return-value]
+        spec = directory.read_document(JobSpec, SPEC_FILE)
+        if spec is not None:
+            self._entries[path] = (_version(info), spec)
+        return spec
 
     def forget(self, path: Path) -> None:
         self._entries.pop(path, None)
 
 
 # ------------------------------------------------------------------------------------------------
-# The metrics spool
+# Metrics reports
 
 
-@dataclass
-class SpoolScan:
-    """One pass over the spool: new valid reports, messages for bad files, and for every
-    managed job the time of its newest valid report (new or not)."""
+@dataclass(frozen=True)
+class RunId:
+    """One Slurm run of a job: its id and Slurm's restart count (``SLURM_RESTART_COUNT``)."""
 
-    reports: list[MetricsReport] = field(default_factory=list)
-    rejected: list[str] = field(default_factory=list)
-    latest: dict[str, float] = field(default_factory=dict)
+    slurm_job_id: str
+    restart_count: int
 
 
-class MetricsSpool:
-    """Reads ``spool/`` each round; remembers what it has seen, so each report counts once."""
+class MetricsInbox:
+    """Reads each managed job's metrics file; remembers what it has seen, so each report
+    counts once and a bad file is reported once per version."""
 
-    def __init__(self, paths: StatePaths, gpu_types: tuple[str, ...]) -> None:
-        self.paths = paths
+    def __init__(self, gpu_types: tuple[str, ...]) -> None:
         self.gpu_types = gpu_types
-        self._versions: dict[str, tuple[int, int, int]] = {}  # file name -> (mtime, size, ino)
-        self._valid: dict[str, MetricsReport] = {}  # sia id -> newest valid report
+        self._versions: dict[str, _Version] = {}  # sia id -> version of the file last read
+        self._valid: dict[str, MetricsReport] = {}  # sia id -> its newest valid report
         self._taken: dict[str, float] = {}  # sia id -> time of the newest report handed on
 
-    def scan(self, specs: Mapping[str, JobSpec]) -> SpoolScan:
-        """Validate changed files; ``specs`` are the managed jobs of this round by sia id."""
-        result = SpoolScan()
-        try:
-            entries = list(os.scandir(self.paths.spool_dir))
-        except FileNotFoundError:
-            entries = []
-        present = set()
-        for entry in entries:
-            if not entry.name.endswith(".json") or entry.name.startswith("."):
-                continue  # temporary files of atomic writers
-            present.add(entry.name)
-            self._scan_entry(entry, specs, result)
-        for name in set(self._versions) - present:
-            del self._versions[name]
-        for sia_id in [s for s in self._valid if f"{s}.json" not in present]:
-            del self._valid[sia_id]  # the job's file is gone (job finished and cleaned up)
-            self._taken.pop(sia_id, None)
-        for sia_id, report in self._valid.items():
-            if sia_id in specs:
-                result.latest[sia_id] = report.time
-                if report.time > self._taken.get(sia_id, -math.inf):
-                    result.reports.append(report)
-                    self._taken[sia_id] = report.time
-        return result
+    def read(
+        self, sia_id: str, directory: JobDirectory, run: RunId, rejected: list[str]
+    ) -> tuple[MetricsReport | None, bool]:
+        """``(a new report of ``run``, whether ``run`` has reported at all)``."""
+        info = directory.stat(METRICS_FILE)
+        if info is None:
+            self._drop(sia_id)
+            return None, False
+        version = _version(info)
+        if self._versions.get(sia_id) != version:
+            self._versions[sia_id] = version
+            self._valid.pop(sia_id, None)
+            try:
+                self._valid[sia_id] = self._validate(sia_id, directory, info)
+            except ProtocolError as exc:
+                rejected.append(str(exc))
+        report = self._valid.get(sia_id)
+        if report is None or RunId(report.slurm_job_id, report.slurm_restart_count) != run:
+            return None, False  # none yet from this run (the last run's file is still there)
+        if report.time > self._taken.get(sia_id, -math.inf):
+            self._taken[sia_id] = report.time
+            return report, True
+        return None, True
 
-    def _scan_entry(
-        self, entry: os.DirEntry[str], specs: Mapping[str, JobSpec], result: SpoolScan
-    ) -> None:
-        path = Path(entry.path)
-        try:
-            info = entry.stat(follow_symlinks=False)
-        except OSError:
-            return  # vanished between listing and stat: next round
-        version = (info.st_mtime_ns, info.st_size, info.st_ino)
-        if self._versions.get(entry.name) == version:
-            return
-        self._versions[entry.name] = version
-        try:
-            report = self._validate(path, info, specs)
-        except ProtocolError as exc:
-            result.rejected.append(str(exc))
-            return
-        self._valid[report.sia_id] = report
+    def keep_only(self, sia_ids: Iterable[str]) -> None:
+        """Forget every job not in ``sia_ids`` (finished and gone)."""
+        live = set(sia_ids)
+        for sia_id in [s for s in self._versions if s not in live]:
+            self._drop(sia_id)
+
+    def _drop(self, sia_id: str) -> None:
+        self._versions.pop(sia_id, None)
+        self._valid.pop(sia_id, None)
+        self._taken.pop(sia_id, None)
 
     def _validate(
-        self, path: Path, info: os.stat_result, specs: Mapping[str, JobSpec]
+        self, sia_id: str, directory: JobDirectory, info: os.stat_result
     ) -> MetricsReport:
+        where = directory.where(METRICS_FILE)
         if not stat.S_ISREG(info.st_mode):
-            raise ProtocolError(f"{path}: not a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            raise ProtocolError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
-        sia_id = path.name[: -len(".json")]
-        spec = specs.get(sia_id)
-        if spec is None:
-            raise ProtocolError(f"{path}: no managed job {sia_id!r} in Slurm")
-        if spec.owner_uid is not None and info.st_uid != spec.owner_uid:
-            raise ProtocolError(
-                f"{path}: owned by uid {info.st_uid}, but job {sia_id} belongs to uid "
-                f"{spec.owner_uid}"
-            )
-        report = read_document(MetricsReport, path)
+            raise ProtocolError(f"{where}: not a regular file")
+        report = directory.read_document(MetricsReport, METRICS_FILE)
+        if report is None:
+            raise ProtocolError(f"{where}: vanished while read")
         if report.sia_id != sia_id:
-            raise ProtocolError(f"{path}: sia_id: {report.sia_id!r} does not match the file name")
+            raise ProtocolError(f"{where}: sia_id: {report.sia_id!r} is not the job's {sia_id!r}")
         if not report.time > 0:
-            raise ProtocolError(f"{path}: time: expected a positive time, got {report.time!r}")
+            raise ProtocolError(f"{where}: time: expected a positive time, got {report.time!r}")
         if report.gpu_type not in self.gpu_types:
             raise ProtocolError(
-                f"{path}: gpu_type: {report.gpu_type!r} is not a configured GPU type "
+                f"{where}: gpu_type: {report.gpu_type!r} is not a configured GPU type "
                 f"({', '.join(self.gpu_types)})"
             )
         if report.gpus % report.nodes:
             raise ProtocolError(
-                f"{path}: gpus: {report.gpus} GPUs do not split evenly over {report.nodes} nodes"
+                f"{where}: gpus: {report.gpus} GPUs do not split evenly over {report.nodes} nodes"
             )
         return report
 
@@ -173,32 +177,43 @@ class MetricsSpool:
 
 @dataclass(frozen=True)
 class SlurmRecord:
-    """``jobs/<sia_id>/slurm.json``: present only after a resubmission.
+    """``control/<sia_id>/slurm.json``: the controller's record of a job, from first sight.
 
+    ``user_id`` and ``submit_time`` are Slurm's, taken from the job's first Slurm job (never
+    from a file the user wrote): the job is managed only while its Slurm job belongs to that
+    user, and its age and queue order count from that time across resubmissions.
     ``slurm_job_id`` is the job that now carries the sia id; ``superseded`` the ids it
     replaced (cancelled, or to be cancelled); ``restart_base`` the restarts those had, added
     to Slurm's restart count of the current job.
     """
 
     slurm_job_id: str
+    user_id: int
+    submit_time: float
     restart_base: int = 0
     superseded: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, path: Path) -> SlurmRecord | None:
-        if not path.exists():
+        try:
+            os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise ProtocolError(f"{path}: cannot read: {exc.strerror or exc}") from None
         payload = read_json(path)
         try:
             record = cls(
-                slurm_job_id=str(payload["slurm_job_id"]),
-                restart_base=int(payload.get("restart_base", 0)),
-                superseded=tuple(str(j) for j in payload.get("superseded", [])),
+                slurm_job_id=_text(payload["slurm_job_id"]),
+                user_id=_integer(payload["user_id"]),
+                submit_time=float(payload["submit_time"]),
+                restart_base=_integer(payload.get("restart_base", 0)),
+                superseded=tuple(_text(j) for j in payload.get("superseded", [])),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"{path}: bad backend record: {exc!r}") from None
-        if record.restart_base < 0:
-            raise ProtocolError(f"{path}: restart_base: expected >= 0, got {record.restart_base}")
+            raise ProtocolError(f"{path}: bad controller record: {exc!r}") from None
+        if record.restart_base < 0 or record.user_id < 0:
+            raise ProtocolError(f"{path}: restart_base, user_id: expected integers >= 0")
         return record
 
     def write(self, path: Path) -> None:
@@ -206,7 +221,58 @@ class SlurmRecord:
             path,
             {
                 "slurm_job_id": self.slurm_job_id,
+                "user_id": self.user_id,
+                "submit_time": self.submit_time,
                 "restart_base": self.restart_base,
                 "superseded": list(self.superseded),
             },
         )
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise TypeError(f"expected a job id, got {value!r}")
+    return str(value)
+
+
+def _integer(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+class RecordBook:
+    """Every ``control/<sia_id>/slurm.json``, re-read only when a file changed."""
+
+    def __init__(self, control_dir: Path) -> None:
+        self.control_dir = control_dir
+        self._cache: dict[str, tuple[_Version, SlurmRecord]] = {}
+
+    def load(self, problems: list[str]) -> dict[str, SlurmRecord]:
+        """The records by sia id; a bad one is named in ``problems`` and left out."""
+        try:
+            entries = [e for e in os.scandir(self.control_dir) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            entries = []
+        records: dict[str, SlurmRecord] = {}
+        for entry in entries:
+            path = Path(entry.path) / "slurm.json"
+            try:
+                info = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue  # no record yet (or it vanished): nothing to say
+            cached = self._cache.get(entry.name)
+            if cached is not None and cached[0] == _version(info):
+                records[entry.name] = cached[1]
+                continue
+            try:
+                record = SlurmRecord.read(path)
+            except ProtocolError as exc:
+                problems.append(str(exc))
+                continue
+            if record is not None:
+                self._cache[entry.name] = (_version(info), record)
+                records[entry.name] = record
+        for gone in set(self._cache) - set(records):
+            del self._cache[gone]
+        return records

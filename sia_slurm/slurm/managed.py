@@ -3,12 +3,17 @@
 Pure functions over parsed Slurm jobs and the job files, shared by observation (snapshot) and
 actuation (apply), so both agree on what a job is.
 
-A managed job carries the Slurm comment ``<managed_marker>:<sia_id>`` exactly. Normally one
-Slurm job carries a sia id; after a resubmission (``docs/slurm-actuation.md``) the old and the
-new job may briefly both exist. The *current* one is then the job named by the backend's
-``slurm.json`` record; without a record, the oldest live job (a newer one can only be an
-orphan of a resubmission interrupted before it was recorded). Every other live job of the sia
-id is a *stray*: it holds no GPUs (it was submitted held) and the next ``apply`` cancels it.
+A Slurm job is managed when it carries the comment ``<managed_marker>:<sia_id>`` and belongs
+to the job's user, or when the controller's record names it (a user who rewrites the comment
+of a running job does not make it unmanaged). The job's user is fixed at first sight: the
+Slurm user id of its oldest Slurm job whose user also owns ``jobs/<sia_id>/`` (a job of another
+user that copies the comment is *foreign*: not managed, its GPUs count as taken).
+
+Normally one Slurm job carries a sia id; after a resubmission (``docs/slurm-actuation.md``)
+the old and the new job may briefly both exist. The *current* one is then the job named by the
+controller's ``slurm.json`` record; failing that, the oldest live job (a newer one can only be
+an orphan of a resubmission interrupted before it was recorded). Every other live job of the
+sia id is a *stray*: it holds no GPUs (it was submitted held) and the next ``apply`` cancels it.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from dataclasses import dataclass
 from sia_slurm.cluster import JobPhase
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
-from sia_slurm.protocol import SIA_ID
-from sia_slurm.slurm.jobfiles import SlurmRecord
+from sia_slurm.protocol import SIA_ID, Assignment
+from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
 from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob
 
 # Slurm states that end a job badly (COMPLETED is the good one).
@@ -33,15 +38,25 @@ class ManagedJob:
 
     sia_id: str
     current: SlurmJob
+    record: SlurmRecord
     strays: tuple[SlurmJob, ...] = ()
-    record: SlurmRecord | None = None
+    first_sight: bool = False  # ``record`` is new: the controller persists it when it acts
+
+    @property
+    def user_id(self) -> int:
+        return self.record.user_id
+
+    @property
+    def run(self) -> RunId:
+        """The current Slurm run (job id and Slurm's restart count)."""
+        return RunId(self.current.job_id, self.current.restart_count)
 
     @property
     def restarts(self) -> int:
         """Restarts over the job's whole life: Slurm's count of the current job, plus those
         of the jobs it replaced (recorded at resubmission)."""
         base = 0
-        if self.record is not None and self.record.slurm_job_id == self.current.job_id:
+        if self.record.slurm_job_id == self.current.job_id:
             base = self.record.restart_base
         return base + self.current.restart_count
 
@@ -55,23 +70,38 @@ def sia_id_of(comment: str, marker: str) -> str | None:
     return sia_id if SIA_ID.match(sia_id) else None
 
 
-def group_managed(jobs: tuple[SlurmJob, ...], marker: str) -> dict[str, list[SlurmJob]]:
-    """Managed Slurm jobs by sia id, in job id order."""
+def group_managed(
+    jobs: tuple[SlurmJob, ...], marker: str, known: Mapping[str, str] | None = None
+) -> dict[str, list[SlurmJob]]:
+    """Candidate managed Slurm jobs by sia id, in job id order: those whose comment carries
+    the marker, and those ``known`` (Slurm job id -> sia id, from the controller's records)."""
+    known = known or {}
     groups: dict[str, list[SlurmJob]] = {}
     for job in sorted(jobs, key=_id_key):
-        sia_id = sia_id_of(job.comment, marker)
+        sia_id = known.get(job.job_id) or sia_id_of(job.comment, marker)
         if sia_id is not None:
             groups.setdefault(sia_id, []).append(job)
     return groups
 
 
-def resolve(sia_id: str, jobs: list[SlurmJob], record: SlurmRecord | None) -> ManagedJob | None:
-    """Pick the current Slurm job of ``sia_id`` (see the module docstring); ``None`` if none
-    is left (every job it had was superseded)."""
-    superseded = set(record.superseded) if record else set()
-    current = None
-    if record is not None:
-        current = next((j for j in jobs if j.job_id == record.slurm_job_id), None)
+def first_record(jobs: list[SlurmJob], owner: int | None) -> SlurmRecord | None:
+    """The record of a job seen for the first time: its oldest Slurm job of the user who owns
+    its job directory (``owner``; ``None``: there is no such directory)."""
+    if owner is None:
+        return None
+    mine = [j for j in jobs if j.user_id == owner]
+    if not mine:
+        return None
+    first = next((j for j in mine if not j.finished), mine[0])
+    return SlurmRecord(first.job_id, owner, first.submit_time)
+
+
+def resolve(sia_id: str, jobs: list[SlurmJob], record: SlurmRecord) -> ManagedJob | None:
+    """Pick the current Slurm job of ``sia_id`` among the jobs of the record's user (see the
+    module docstring); ``None`` if none is left (every job it had was superseded)."""
+    jobs = [j for j in jobs if j.user_id == record.user_id]
+    superseded = set(record.superseded)
+    current = next((j for j in jobs if j.job_id == record.slurm_job_id), None)
     if current is None:
         candidates = [j for j in jobs if j.job_id not in superseded]
         live = [j for j in candidates if not j.finished]
@@ -82,7 +112,12 @@ def resolve(sia_id: str, jobs: list[SlurmJob], record: SlurmRecord | None) -> Ma
     if current is None:
         return None
     strays = tuple(j for j in jobs if j is not current and not j.finished)
-    return ManagedJob(sia_id, current, strays, record)
+    return ManagedJob(sia_id, current, record, strays)
+
+
+def foreign_jobs(jobs: list[SlurmJob], record: SlurmRecord) -> list[SlurmJob]:
+    """Live jobs that carry the sia id but belong to another user than the job's."""
+    return [j for j in jobs if j.user_id != record.user_id and not j.finished]
 
 
 def job_phase(
@@ -91,16 +126,16 @@ def job_phase(
     has_assignment: bool,
     stop_requested: bool,
     acked: bool,
-    latest_report: float | None,
+    reported: bool,
 ) -> tuple[JobPhase, str]:
     """The :class:`JobPhase` of a managed job and a short reason, from Slurm and the files.
 
     * pending (held or not) -> PENDING; so is a job whose GPUs are being taken back (completing
       while held) or one that finished after the controller asked it to stop (it waits to be
       requeued: the job side exits on its own after a linger limit);
-    * running with an assignment but no metrics report since its latest start -> STARTING
-      (restoring its checkpoint); running and reporting, or running without an assignment
-      (not started by sia-slurm) -> RUNNING;
+    * running with an assignment but no metrics report from this Slurm run (``reported``) ->
+      STARTING (restoring its checkpoint); running and reporting -> RUNNING (a run without
+      an assignment of its own never gets here: :func:`unauthorized` stops it first);
     * COMPLETED -> DONE; any other end (failed, cancelled, timeout...) -> FAILED.
 
     ``acked`` means the job acknowledged the pending stop request (``ack-<its round>``). A job
@@ -114,8 +149,8 @@ def job_phase(
     if job.completing and (job.held or stop_requested):
         return JobPhase.PENDING, "stopping: Slurm is taking its GPUs back"
     if job.holds_gpus:
-        if has_assignment and (latest_report is None or latest_report < job.start_time):
-            return JobPhase.STARTING, "started; no metrics report since its latest start"
+        if has_assignment and not reported:
+            return JobPhase.STARTING, "started; no metrics report from this run yet"
         return JobPhase.RUNNING, "running"
     if job.state == "COMPLETED" and stop_requested and acked:
         return JobPhase.PENDING, "stopped for a move; exited before it was requeued"
@@ -124,6 +159,44 @@ def job_phase(
     if job.state == "COMPLETED":
         return JobPhase.DONE, "completed before it was stopped" if stop_requested else "completed"
     return JobPhase.FAILED, f"ended {job.state} (reason {job.reason})"
+
+
+def unauthorized(
+    job: SlurmJob, assignment: Assignment | None, partition_types: Mapping[str, str]
+) -> str | None:
+    """Why a managed job that runs does so on GPUs the controller did not grant it (``None``
+    when it runs as assigned).
+
+    The controller writes an assignment for exactly one Slurm run (job id and restart count)
+    before it releases the job. A run without one was started by someone else: the user's own
+    ``scontrol release`` or ``requeue``, Slurm's requeue after a node failure, an update of
+    partition, GPUs or nodes after the controller's. Only RUNNING jobs are judged: a
+    completing one is already giving its GPUs back.
+    """
+    if job.state != "RUNNING":
+        return None
+    if assignment is None:
+        return "no assignment from the controller"
+    run = (assignment.slurm_job_id, assignment.slurm_restart_count)
+    if run != (job.job_id, job.restart_count):
+        return (
+            f"its assignment (round {assignment.round_index}) is for Slurm job "
+            f"{assignment.slurm_job_id} run {assignment.slurm_restart_count}, this is job "
+            f"{job.job_id} run {job.restart_count}"
+        )
+    problems = []
+    if job.partition != assignment.partition:
+        problems.append(f"partition {job.partition} (assigned {assignment.partition})")
+    if len(job.nodes) != assignment.nodes:
+        problems.append(f"{len(job.nodes)} node(s) (assigned {assignment.nodes})")
+    elif assignment.node_list and set(job.nodes) != set(assignment.node_list):
+        problems.append(f"nodes {','.join(job.nodes)} (assigned {','.join(assignment.node_list)})")
+    gpus = [job.gpus_on(node) for node in job.nodes]
+    if any(g != assignment.gpus_per_node for g in gpus):
+        problems.append(f"GPUs per node {gpus} (assigned {assignment.gpus_per_node})")
+    if (gpu_type := partition_types.get(job.partition)) and gpu_type != assignment.gpu_type:
+        problems.append(f"GPU type {gpu_type} (assigned {assignment.gpu_type})")
+    return "; ".join(problems) or None
 
 
 def allocation_of(
