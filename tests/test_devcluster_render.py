@@ -5,14 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from sia_slurm.cli.main import cli
 from sia_slurm.config import parse_config
 from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_config
+from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.cluster import DevCluster, DevClusterError, find_binaries
 from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
 from sia_slurm.slurm.inventory import parse_records
 
 LAYOUT = ClusterLayout(root=Path("/srv/dev"), hostname="box", user="root", port_base=7000)
+SPEC = DevClusterSpec.parse("a100:1x2")
 
 
 def test_spec_round_trip() -> None:
@@ -129,3 +133,59 @@ def test_controller_config_manages_every_partition_of_the_spec(tmp_path: Path) -
 def test_controller_config_refuses_a_name_among_the_policy_params(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="policy="):
         controller_config(DevClusterSpec.parse("a100:1x2"), tmp_path, policy_params={"name": "x"})
+
+
+def test_slurm_user_runs_slurmctld_and_slurmd_stays_the_invoker() -> None:
+    layout = ClusterLayout(
+        root=Path("/srv/dev"), hostname="box", user="root", port_base=7000, slurm_user="siasvc"
+    )
+    records = {k: v for r in parse_records(render_slurm_conf(SPEC, layout)) for k, v in r.items()}
+    assert records["SlurmUser"] == "siasvc"
+    assert records["SlurmdUser"] == "root"
+    # What slurmctld writes lives where DevCluster hands it to SlurmUser.
+    assert records["StateSaveLocation"] == str(layout.state_dir)
+    assert records["SlurmctldLogFile"] == str(layout.slurmctld_log)
+    assert records["SlurmctldPidFile"] == str(layout.slurmctld_pid)
+
+
+def test_without_slurm_user_both_daemons_run_as_the_invoker() -> None:
+    records = {k: v for r in parse_records(render_slurm_conf(SPEC, LAYOUT)) for k, v in r.items()}
+    assert records["SlurmUser"] == records["SlurmdUser"] == "root"
+
+
+def test_a_missing_slurm_user_is_named_with_the_command_that_creates_it(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path, slurm_user="sia-no-such-user")
+    with pytest.raises(DevClusterError) as caught:
+        cluster.up(SPEC)
+    message = str(caught.value)
+    assert "SlurmUser 'sia-no-such-user' does not exist" in message
+    assert "useradd --system" in message
+    assert not (tmp_path / "etc").exists()  # refused before anything was written
+
+
+def test_untraversable_names_the_directories_another_user_cannot_enter(tmp_path: Path) -> None:
+    stranger = Account("stranger", uid=54321, gid=54321, groups=frozenset({54321}))
+    closed = tmp_path / "closed"
+    inner = closed / "inner"
+    inner.mkdir(parents=True)
+    closed.chmod(0o700)
+    inner.chmod(0o755)
+    tmp_path.chmod(0o755)
+    assert untraversable(inner, stranger) == [
+        d for d in [*reversed(tmp_path.parents), tmp_path] if not d.stat().st_mode & 0o001
+    ] + [closed]
+    closed.chmod(0o701)  # traverse only is enough
+    assert closed not in untraversable(inner, stranger)
+    # As the kernel decides: a member of the directory's group gets the group's bits only.
+    member = Account("member", uid=54322, gid=54322, groups=frozenset({closed.stat().st_gid}))
+    assert closed in untraversable(inner, member)
+    closed.chmod(0o710)
+    assert closed not in untraversable(inner, member)
+
+
+def test_cli_up_passes_the_slurm_user(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["dev-cluster", "up", "--dir", str(tmp_path), "--slurm-user", "sia-no-such-user"]
+    )
+    assert result.exit_code == 1
+    assert "SlurmUser 'sia-no-such-user' does not exist" in result.output

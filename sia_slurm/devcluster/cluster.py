@@ -123,8 +123,8 @@ class DevCluster:
                     f"run `sia-slurm dev-cluster down --dir {self.layout.root}` and then up again"
                 )
             self.layout.state_file.unlink()
-        binaries = find_binaries()
         account = self._slurm_account()
+        binaries = find_binaries()
         self._check_ports(spec)
         self._prepare_files(spec, binaries, account)
         records: list[DaemonRecord] = []
