@@ -279,7 +279,11 @@ def test_a_user_on_her_own_running_job(slurm: Slurm) -> None:
     assert (record["Reason"], record["Restarts"]) == ("BeginTime", "1")
     view = slurm.squeue(job)
     assert view["priority"] > 0 and view["restart_cnt"] == 1
+    # The requeue made the job updatable again; the service account clears its BeginTime.
     assert ok(slurm.as_user(SERVICE_ACCOUNT, *update, "Comment=svc-after-requeue"))
+    assert ok(slurm.as_user(SERVICE_ACCOUNT, *update, "StartTime=now"))
+    record = slurm.wait_state(job, "RUNNING", timeout_s=20)  # well before cred_expire (30 s)
+    assert (record["Comment"], record["Restarts"]) == ("svc-after-requeue", "1")
 
 
 def test_another_user_is_refused_everything(slurm: Slurm) -> None:
