@@ -97,11 +97,10 @@ class Site:
             "--ack-delay",
             str(ack_delay),
         ]
-        # A restart costs ~3 s here (the backend clears the requeue's delay), and the job was
-        # submitted an hour ago: Sia's restart factor max(age - restarts*S, 0) / (age + S) is
-        # then ~1, so whether a move pays off does not hinge on how fast this machine is.
-        spec.setdefault("restart_cost", 3.0)
-        spec.setdefault("submit_time", time.time() - 3600.0)
+        # The job's age counts from its Slurm submission (seconds ago here), so it is told that
+        # a restart costs 0.1 s: Sia's restart factor max(age - restarts*S, 0) / (age + S) is
+        # then ~1, and whether a move pays off does not hinge on how fast this machine is.
+        spec.setdefault("restart_cost", 0.1)
         job_id = self.submitter.submit(sia_id, job_args=job_args, **spec)
         self.slurm_ids.append(job_id)
         return job_id

@@ -3,6 +3,7 @@ a tiny throughput profile with small per-GPU batch limits, and job environments.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from launcher.jobenv import JobEnvironment
 from sia_slurm.devcluster import DEFAULT_SPEC, DevClusterSpec, controller_config
+from sia_slurm.state.tree import set_up
 
 # Limits small enough that a move to rtx needs gradient accumulation; step times that differ
 # per type so the emulated trainer's reports show which type it ran on.
@@ -32,10 +34,12 @@ t4,16,1,0.080,0.0005
 
 
 def write_config(directory: Path) -> Path:
-    """A sia.yaml with the dev cluster's partitions and its state directory under ``directory``."""
+    """A sia.yaml with the dev cluster's partitions and its state directory under ``directory``,
+    whose tree (control/, sticky jobs/) is made as ``sia-slurm setup`` makes it."""
     path = directory / "sia.yaml"
     spec = DevClusterSpec.parse(DEFAULT_SPEC)
     path.write_text(controller_config(spec, directory / "state", checkpoint_timeout_s=120))
+    set_up(directory / "state", os.geteuid(), os.getegid())
     return path
 
 

@@ -130,8 +130,11 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     # ---- round 1: start on 2 GPUs of one a100 node ----------------------------------------
     write_document(
         paths.assignment(sia_id),
-        Assignment(sia_id, 1, "a100", "a100", 1, 2, (), batch_size=16, local_bsz=8, accum_steps=0),
-    )
+        Assignment(
+            sia_id, 1, "a100", "a100", 1, 2, (), batch_size=16, local_bsz=8, accum_steps=0,
+            slurm_job_id=job_id, slurm_restart_count=0,
+        ),
+    )  # fmt: skip
     scontrol.run(["scontrol", "release", job_id])
     wait_for(
         "20 steps on a100", lambda: len(steps_of(read_samples(samples), 0)) >= 20, 120, job_out
@@ -156,7 +159,20 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     local_bsz, accum = (int(v) for v in split_batch(48, 4, RTX_LIMIT))
     write_document(
         paths.assignment(sia_id),
-        Assignment(sia_id, 2, "rtx", "rtx", 2, 4, (), 48, local_bsz, accum),
+        Assignment(
+            sia_id,
+            2,
+            "rtx",
+            "rtx",
+            2,
+            4,
+            (),
+            48,
+            local_bsz,
+            accum,
+            slurm_job_id=job_id,
+            slurm_restart_count=1,
+        ),
     )
     scontrol.run(["scontrol", "release", job_id])
     scontrol.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
@@ -230,6 +246,7 @@ def test_launcher_refuses_an_allocation_that_is_not_the_assignment(
         [
             sys.executable, "-m", "launcher.sbatch", "--parsable", "--config", str(config_path),
             "--app", "cifar10", "--num-gpus", "2", "--gpu-type", "t4", f"--output={job_out}",
+            "--export=ALL,SIA_MISMATCH_WAIT_S=4",
             "--", "python", "-m", "launcher.examples.cnn",
         ],
         cwd=REPO,
@@ -244,7 +261,8 @@ def test_launcher_refuses_an_allocation_that_is_not_the_assignment(
     sia_id = re.search(r"sia job (\S+)", submitted.stderr)[1]  # type: ignore[index]
     # the controller "forgot" to retarget the job: the assignment says 4 GPUs of rtx
     write_document(
-        paths.assignment(sia_id), Assignment(sia_id, 1, "rtx", "rtx", 1, 4, (), 128, 32, 0)
+        paths.assignment(sia_id),
+        Assignment(sia_id, 1, "rtx", "rtx", 1, 4, (), 128, 32, 0, slurm_job_id=job_id),
     )
     runner = dev_cluster.runner()
     runner.run(["scontrol", "release", job_id])
@@ -254,8 +272,12 @@ def test_launcher_refuses_an_allocation_that_is_not_the_assignment(
         state = re.search(r"JobState=(\S+)", shown)[1]  # type: ignore[index]
         return re.search(r"ExitCode=(\S+)", shown)[1] if state == "FAILED" else None  # type: ignore[index]
 
+    # No controller runs here to requeue the refused run, so the launcher gives up after
+    # SIA_MISMATCH_WAIT_S; it trained nothing meanwhile.
     assert wait_for("the launcher to refuse", exit_code, 60, job_out) == "3:0"
     output = job_out.read_text()
+    assert "not training:" in output and "waiting for the controller" in output
+    assert "torch.distributed.run" not in output  # torchrun never started
     assert "Slurm's allocation is not the controller's assignment (round 1)" in output
     assert "assignment.json: gpu_type: rtx, but partition t4 holds t4" in output
     assert "assignment.json: gpus per node: 4 (gpus=4), but SLURM_GPUS_ON_NODE=2" in output

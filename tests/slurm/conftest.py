@@ -10,6 +10,7 @@ acknowledge stop requests when signalled (like tests/slurm/protocol_job.py), unl
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ import pytest
 from sia_slurm.devcluster import DevCluster
 from sia_slurm.protocol import JobSpec, StatePaths, StopRequest, read_document, write_document
 from sia_slurm.slurm.runner import CommandError, CommandResult, SubprocessRunner
+from sia_slurm.state.tree import prepare
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 PROTOCOL_JOB = Path(__file__).resolve().parent / "protocol_job.py"
@@ -261,7 +263,9 @@ class LiveSubmitter:
         **spec_fields: Any,
     ) -> str:
         """Submit held, as sia-sbatch does; ``job_args`` go to protocol_job.py, ``spec_fields``
-        to the job's :class:`JobSpec` (kind, max_gpus, restart_cost, submit_time...)."""
+        to the job's :class:`JobSpec` (kind, max_gpus, restart_cost...)."""
+        prepare(self.paths.state_dir, os.geteuid())  # the state tree, as the controller makes it
+        self.paths.job_dir(sia_id).mkdir(mode=0o755)
         write_document(
             self.paths.spec(sia_id),
             JobSpec(

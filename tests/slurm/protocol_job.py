@@ -2,10 +2,11 @@
 
 Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protocol.py``):
 
-* reads ``jobs/<id>/assignment.json`` and refuses to run (exit 3) without one or when Slurm's
-  allocation disagrees with it (partition, node count, GPUs per node);
+* reads ``control/<id>/assignment.json`` and refuses to run (exit 3) without one or when
+  Slurm's allocation disagrees with it (partition, node count, GPUs per node, and the Slurm
+  run it was written for);
 * resumes its counter from its checkpoint, then counts every 50 ms, and writes a metrics
-  report to ``spool/<id>.json`` every 0.5 s;
+  report (naming its Slurm run) to ``jobs/<id>/metrics.json`` every 0.5 s;
 * adopts a rewritten assignment (a rebatch) without restarting;
 * on ``stop.json`` (polled; SIGUSR1 only wakes it up) checkpoints, writes ``ack-<round>``, and
   idles until Slurm's SIGTERM (the requeue) or ``--linger`` seconds; a request not newer than
@@ -118,6 +119,10 @@ class ProtocolJob:
         with open(self.events, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
+    @property
+    def restart_count(self) -> int:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
     def save(self) -> None:
         write_json_atomic(self.checkpoint, {"counter": self.counter})
 
@@ -134,10 +139,12 @@ class ProtocolJob:
             "nodes": int(os.environ.get("SLURM_JOB_NUM_NODES", "0")),
             "gpus_on_node": int(os.environ.get("SLURM_GPUS_ON_NODE", "0")),
         }
+        env["run"] = [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]
         wanted = {
             "partition": assignment.partition,
             "nodes": assignment.nodes,
             "gpus_on_node": assignment.gpus_per_node,
+            "run": [assignment.slurm_job_id, assignment.slurm_restart_count],
         }
         if self.checkpoint.exists():
             self.counter = json.loads(self.checkpoint.read_text())["counter"]
@@ -146,7 +153,7 @@ class ProtocolJob:
             round=assignment.round_index,
             restarts=assignment.restarts,
             slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
-            slurm_restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            slurm_restart_count=self.restart_count,
             node_list=os.environ.get("SLURM_JOB_NODELIST", ""),
             **env,
         )
@@ -236,6 +243,8 @@ class ProtocolJob:
             grad_var=2.0,
             steps=self.counter,
             round_index=assignment.round_index,
+            slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
+            slurm_restart_count=self.restart_count,
         )
         write_document(self.paths.metrics(self.sia_id), report)
 
