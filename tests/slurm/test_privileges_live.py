@@ -35,6 +35,7 @@ SCANCEL_ACCESS_DENIED = 2002 % 256
 
 
 def access_denied(job_id: str) -> str:
+    """scontrol hold/release's refusal; its second line names the wrong call (sic)."""
     return (
         f"Access/permission denied for job {job_id}\nslurm_suspend error: Access/permission denied"
     )
