@@ -255,11 +255,16 @@ class Actuator:
         action. ``view`` is Slurm as it is now."""
 
         def settle(ready: Sequence[Stop | Move], view: JobsView) -> None:
-            for action in ready:
-                if isinstance(action, Stop) and not book.done(action):
-                    self._clean_stop_files(action)
-                    job_id = book.details.get(id(action), {}).get("slurm_job_id", "")
-                    book.ok(action, f"stopped (Slurm job {job_id} requeued and held)")
+            stopped = [a for a in ready if isinstance(a, Stop) and not book.done(a)]
+            job_ids = [book.details.get(id(a), {}).get("slurm_job_id", "") for a in stopped]
+            # A requeuehold is a *user* hold whoever issues it (its owner could release the
+            # job); the controller's own hold is an admin hold (docs/slurm-actuation.md).
+            failures = self._batched(commands.hold, [j for j in job_ids if j])
+            for action, job_id in zip(stopped, job_ids, strict=True):
+                self._clean_stop_files(action)
+                if job_id in failures:
+                    book.note(action, "hold", f"not held by the controller: {failures[job_id]}")
+                book.ok(action, f"stopped (Slurm job {job_id} requeued and held)")
             moves = [a for a in ready if isinstance(a, Move) and not book.done(a)]
             if moves:
                 self._place(moves, view, book)

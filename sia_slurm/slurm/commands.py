@@ -71,7 +71,8 @@ def signal_checkpoint(job_ids: Sequence[str]) -> list[str]:
 
 
 def requeue_hold(job_ids: Sequence[str]) -> list[str]:
-    """Requeue running or finished jobs and keep them held (JobHeldAdmin as root)."""
+    """Requeue running or finished jobs and keep them held. The hold is a *user* hold whoever
+    issues it (the owner may release it): follow it with :func:`hold` (docs/slurm-actuation.md)."""
     return ["scontrol", "requeuehold", job_list(job_ids)]
 
 

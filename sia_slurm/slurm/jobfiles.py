@@ -150,6 +150,8 @@ class MetricsInbox:
         self, sia_id: str, directory: JobDirectory, info: os.stat_result
     ) -> MetricsReport:
         where = directory.where(METRICS_FILE)
+        if stat.S_ISLNK(info.st_mode):
+            raise ProtocolError(f"{where}: is a symbolic link (not followed)")
         if not stat.S_ISREG(info.st_mode):
             raise ProtocolError(f"{where}: not a regular file")
         report = directory.read_document(MetricsReport, METRICS_FILE)
