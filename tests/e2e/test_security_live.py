@@ -144,6 +144,12 @@ class Site:
         path = self.paths.assignment(sia_id)
         return read_document(Assignment, path) if path.exists() else None
 
+    def under_control(self, job_id: str, sia_id: str) -> bool:
+        """Running as granted, or waiting under the controller's hold (not its user's)."""
+        job = self.job(job_id)
+        held = job.state == "PENDING" and job.held and job.reason == "JobHeldAdmin"
+        return held or self.runs_as_assigned(job_id, sia_id)
+
     def runs_as_assigned(self, job_id: str, sia_id: str) -> bool:
         job, assignment = self.job(job_id), self.assignment(sia_id)
         return (
@@ -382,11 +388,7 @@ def test_a_release_before_the_grant_is_undone(site: Site, jobs: dict[str, Any]) 
     wait_for("the requeue", lambda: site.job(job_id).restart_count >= 1)
     site.round()
 
-    def settled() -> bool:
-        job = site.job(job_id)
-        return site.runs_as_assigned(job_id, sia_id) or (job.held and job.reason == "JobHeldAdmin")
-
-    wait_for("the job to run as granted or wait under the controller's hold", settled)
+    wait_for("the job under the controller", lambda: site.under_control(job_id, sia_id))
     if site.job(job_id).held:
         refused = site.as_user(alice, ["scontrol", "release", job_id])
         assert refused.returncode != 0 and "Access/permission denied" in refused.stderr
@@ -416,6 +418,27 @@ def test_a_reshape_of_a_running_job_is_undone_and_a_comment_change_does_not_unma
         "her job running as assigned again", lambda: site.runs_as_assigned(job_id, sia_id), 120
     )
     assert len(site.job(job_id).nodes) == 2
+
+
+def test_a_requeue_by_the_user_is_undone(site: Site, jobs: dict[str, tuple[str, str]]) -> None:
+    """Her own ``scontrol requeue`` brings the job back *released* (Slurm would start it
+    anywhere once its BeginTime passes): the controller holds it, or runs it as it plans."""
+    alice = site.accounts.alice.name
+    job_id, sia_id = jobs["alice"]
+    wait_for("her job as assigned", lambda: site.runs_as_assigned(job_id, sia_id), 120)
+    runs = site.job(job_id).restart_count
+    requeued = site.as_user(alice, ["scontrol", "requeue", job_id])
+    assert requeued.returncode == 0, requeued.stderr
+    wait_for("her requeue", lambda: site.job(job_id).restart_count > runs)
+    before = len(site.log_text())
+    site.round()
+    log = site.log_text()[before:]
+    assert (
+        f"[job={sia_id}] Slurm job {job_id}: released without a grant: held by the controller"
+        in log
+        or f"[job={sia_id}] Slurm job {job_id}: its assignment (round" in log
+    ), log
+    wait_for("her job under the controller again", lambda: site.under_control(job_id, sia_id))
 
 
 def test_root_is_untouched_and_the_honest_user_was_scheduled_throughout(
