@@ -5,12 +5,19 @@
 # until every job has finished, print the job table and write the dashboard; the cluster it
 # started is taken down on exit, whatever happens.
 #
+# Run as root (it installs packages, creates accounts and starts Slurm), but the scheduler runs as
+# it does in production: the controller as the unprivileged service account sia-slurm, which is
+# the dev cluster's SlurmUser, on a state tree made by `sia-slurm setup --user sia-slurm`; the jobs
+# are submitted by an ordinary user, sia-demo. Both accounts are created if missing (useradd).
+#
 # Time is scaled down so that it takes minutes: 15 s rounds instead of 60 s, jobs of a few
 # minutes (small datasets, few epochs), metrics every 5 s instead of 30 s.
 #
 # Environment (all optional): SIA_DEMO_DIR (/tmp/sia-slurm-demo: cluster, state, logs),
 # SIA_DEMO_OUT (dashboard folder, $SIA_DEMO_DIR/dashboard), SIA_DEMO_PORT_BASE (20817),
-# SIA_DEMO_ROUND_S (15), SIA_DEMO_TIMEOUT_S (1200), SIA_DEMO_SKIP_INSTALL=1 (already installed).
+# SIA_DEMO_ROUND_S (15), SIA_DEMO_TIMEOUT_S (1200), SIA_DEMO_SKIP_INSTALL=1 (already installed),
+# SIA_DEMO_ACCOUNT (sia-slurm: the controller's service account), SIA_DEMO_USER (sia-demo: who
+# submits the jobs; root works too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -18,12 +25,17 @@ started=$(date +%s)
 
 [ "${SIA_DEMO_SKIP_INSTALL:-0}" = 1 ] || bash scripts/install.sh
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+# The interpreter itself, not a wrapper (a pyenv shim works for root only): the service account
+# and the user run it too.
+python=$(python3 -c 'import sys; print(sys.executable)')
 
 dir=${SIA_DEMO_DIR:-/tmp/sia-slurm-demo}
 out=${SIA_DEMO_OUT:-$dir/dashboard}
 port_base=${SIA_DEMO_PORT_BASE:-20817}
 round_s=${SIA_DEMO_ROUND_S:-15}
 timeout_s=${SIA_DEMO_TIMEOUT_S:-1200}
+account=${SIA_DEMO_ACCOUNT:-sia-slurm}
+user=${SIA_DEMO_USER:-sia-demo}
 config=$dir/sia.yaml
 state=$dir/state
 controller_pid=""
@@ -41,32 +53,80 @@ cleanup() {
 }
 trap cleanup EXIT
 
+[ "$(id -u)" = 0 ] || { say "run me as root (accounts, Slurm daemons)"; exit 1; }
+
+ensure_account() { # ensure_account NAME system|user
+    id -u "$1" >/dev/null 2>&1 && return 0
+    if [ "$2" = system ]; then
+        useradd --system --no-create-home --shell /usr/sbin/nologin "$1"
+    else
+        useradd --create-home --shell /bin/bash "$1"
+    fi
+    say "created the account $1 ($2)"
+}
+grant_traverse() { # o+x on $1 and every directory above it that lacks it (traverse only)
+    local d
+    d=$(readlink -f "$1")
+    while :; do
+        if [ -d "$d" ] && [ -z "$(find "$d" -maxdepth 0 -perm -o=x)" ]; then
+            chmod o+x "$d"
+            say "chmod o+x $d (so that $account and $user can reach what is inside)"
+        fi
+        [ "$d" = / ] && break
+        d=$(dirname "$d")
+    done
+}
+as() { # as USER COMMAND...: one short command as USER (same environment, no shell)
+    local who=$1
+    shift
+    runuser -u "$who" -- "$@"
+}
+
+# The controller's service account (Slurm's SlurmUser below) and the user who submits the jobs.
+ensure_account "$account" system
+[ "$user" = root ] || ensure_account "$user" user
 rm -rf "$state" "$dir/jobs-out" "$dir/controller.log"
-mkdir -p "$state" "$dir/jobs-out"
-cluster_env=$(sia-slurm dev-cluster up --dir "$dir/cluster" --port-base "$port_base")
+mkdir -p "$dir"
+chmod 0755 "$dir"
+# Both run this interpreter and this checkout: let them reach it (/root is 0700 on a fresh
+# machine). Traverse only: nothing becomes listable or readable that was not.
+for path in "$(dirname "$python")" "$("$python" -c 'import sys; print(sys.prefix)')" \
+    "$("$python" -c 'import sys; print(sys.base_prefix)')" "$repo" "$dir"; do
+    grant_traverse "$path"
+done
+as "$account" "$python" -c "import sia_slurm.cli.main"
+as "$user" "$python" -c "import sia_slurm, launcher, torch"
+install -d -o "$user" -m 0755 "$dir/jobs-out"
+install -o "$account" -m 0644 /dev/null "$dir/controller.log"
+
+cluster_env=$(sia-slurm dev-cluster up --dir "$dir/cluster" --port-base "$port_base" \
+    --slurm-user "$account")
 eval "$cluster_env"
 export SLURM_CONF
 
-# The dev cluster's three partitions, $round_s s rounds, really acting.
+# The dev cluster's three partitions, $round_s s rounds, really acting; the state tree owned by
+# the service account (jobs/ sticky and world-writable, like /tmp), as an admin would make it.
 sia-slurm dev-cluster config --state-dir "$state" --round-seconds "$round_s" >"$config"
-sia-slurm config check --live "$config"
+sia-slurm setup --config "$config" --user "$account"
+as "$account" "$python" -m sia_slurm.cli config check --live "$config"
 export SIA_SLURM_CONFIG=$config
 
 submitted=0
 submit() { # submit NAME APP MAX_GPUS -- COMMAND...
     local name=$1 app=$2 max_gpus=$3
     shift 4
-    sia-sbatch --config "$config" --app "$app" --max-gpus "$max_gpus" --job-name "$name" \
+    (cd "$dir/jobs-out" && as "$user" "$python" -m launcher.sbatch --config "$config" \
+        --app "$app" --max-gpus "$max_gpus" --job-name "$name" \
         --output "$dir/jobs-out/$name.out" \
-        --export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120 -- "$@" >/dev/null
+        --export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120 -- "$@" >/dev/null)
     submitted=$((submitted + 1))
 }
 emulated() { # emulated NAME APP MAX_GPUS EPOCHS DATASET
-    submit "$1" "$2" "$3" -- python -m launcher.examples.emulated \
+    submit "$1" "$2" "$3" -- "$python" -m launcher.examples.emulated \
         --epochs "$4" --dataset-size "$5"
 }
 
-say "submitting 10 jobs (8 emulated trainers of 6 apps, 2 real PyTorch jobs)"
+say "submitting 10 jobs as $user (8 emulated trainers of 6 apps, 2 real PyTorch jobs)"
 emulated cifar10-a cifar10 8 20 32768
 emulated cifar10-b cifar10 8 20 32768
 emulated ncf-a ncf 4 20 131072
@@ -75,11 +135,15 @@ emulated bert-a bert 4 4 480
 emulated yolov3-a yolov3 4 6 480
 emulated cifar10-c cifar10 8 20 32768
 emulated imagenet-a imagenet 4 8 8000
-submit cnn-real cifar10 2 -- python -m launcher.examples.cnn --epochs 20 --dataset-size 4096
-submit transformer-real bert 2 -- python -m launcher.examples.transformer --epochs 6
+submit cnn-real cifar10 2 -- "$python" -m launcher.examples.cnn --epochs 20 --dataset-size 4096
+submit transformer-real bert 2 -- "$python" -m launcher.examples.transformer --epochs 6
 
-say "controller: sia-slurm controller run (rounds of $round_s s; log $dir/controller.log)"
-sia-slurm controller run --config "$config" --log-file "$dir/controller.log" &
+say "controller: sia-slurm controller run as $account (rounds of $round_s s; log $dir/controller.log)"
+# setpriv, not runuser, for the long-running controller: setpriv execs it, so the SIGTERM below
+# reaches the controller itself, which finishes its round and exits; runuser would SIGKILL it
+# two seconds after passing the signal on.
+setpriv --reuid="$account" --regid="$account" --init-groups -- \
+    "$python" -m sia_slurm.cli controller run --config "$config" --log-file "$dir/controller.log" &
 controller_pid=$!
 
 finished() { # prints "<finished> <known>" from the controller's database
