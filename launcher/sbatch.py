@@ -46,6 +46,7 @@ from sia_slurm.protocol import (
     ProtocolError,
     StatePaths,
     check_sia_id,
+    chmod_dir,
     write_document,
     write_text_atomic,
 )
@@ -370,7 +371,8 @@ def submit(
     try:
         # Not parents=True: jobs/ is the site's (sticky, made by `sia-slurm setup`), and a
         # directory that already exists (somebody else's) is never reused.
-        job_dir.mkdir(mode=0o755)
+        job_dir.mkdir(mode=0o700)
+        chmod_dir(job_dir, 0o755)  # the controller's account reads it, whatever the umask
     except OSError as exc:
         raise UsageError(f"cannot create {job_dir}: {exc.strerror or exc}") from None
     try:

@@ -312,7 +312,9 @@ def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
     and its mode set on the open descriptor, never by path, so nothing another account swaps
     into the directory can redirect the write or the chmod.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        chmod_dir(path.parent, 0o755)  # readable by the job's user whatever the umask
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -324,6 +326,15 @@ def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def chmod_dir(path: Path, mode: int) -> None:
+    """chmod a directory through a descriptor opened without following a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def to_json(document: Document) -> dict[str, Any]:

@@ -161,7 +161,7 @@ STATE_DIR. Check it with `sia-slurm config check --live FILE`.
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     required=True,
-    help="The controller's state directory (SQLite database, job files, metrics spool).",
+    help="The controller's state directory (SQLite database, control/ and jobs/ trees).",
 )
 @click.option("--round-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Seconds between controller rounds.")  # fmt: skip

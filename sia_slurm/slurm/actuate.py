@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+USER_HOLD = "held by its user"  # the reason the backend gives for a user hold
 ACK_POLL_S = 0.25  # how often the ack files are looked for
 SLURM_POLL_S = 5.0  # how often squeue is asked, while waiting for acks, whether jobs ended
 COMPLETING_TIMEOUT_S = 90.0  # KillWait (30 s default) plus epilog, with margin
@@ -114,6 +115,7 @@ class _Placement:
     slurm_job_id: str = ""
     restarts: int = 0
     slurm_restart_count: int = 0  # Slurm's count of the run the job is released into
+    begin_time: float = 0.0  # Slurm's BeginTime of the pending job (after a requeue: its delay)
     resubmitted: bool = False
 
 
@@ -137,6 +139,7 @@ class Actuator:
         self.paths = paths
         self.documents = documents
         self.observe = observe
+        self.cred_expire_s: int | None = None
 
     def enforce(
         self,
@@ -149,7 +152,7 @@ class Actuator:
         for verb, build, jobs in (
             ("requeued and held", commands.requeue_hold, requeue),
             ("held by the controller", commands.hold, hold),
-        ):
+        ):  # a user's hold (sia-sbatch submits with one) is routine; anything else is not
             if not jobs:
                 continue
             ids = {managed.current.job_id: sia_id for sia_id, (managed, _) in jobs.items()}
@@ -162,7 +165,8 @@ class Actuator:
                         sia_id, job_id, reason, verb, failures[job_id],
                     )  # fmt: skip
                 else:
-                    logger.warning("[job=%s] Slurm job %s: %s: %s", sia_id, job_id, reason, verb)
+                    level = logging.INFO if reason.startswith(USER_HOLD) else logging.WARNING
+                    logger.log(level, "[job=%s] Slurm job %s: %s: %s", sia_id, job_id, reason, verb)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         """Apply one round's actions, each job as soon as it can go.
@@ -420,8 +424,15 @@ class Actuator:
             self.documents.forget(path)
             self._clean_stop_files(step.action)  # the restarted job must not see the old request
         failures = self._batched(commands.release, [s.slurm_job_id for s in ready])
-        requeued = [s.slurm_job_id for s in ready if s.restarts and not s.resubmitted]
-        failures.update(self._batched(commands.start_now, requeued))
+        for step in ready:
+            if step.restarts and not step.resubmitted and step.slurm_job_id not in failures:
+                # Slurm's requeue delay (cred_expire + 1 s) cut to what the credential needs.
+                floor = commands.relaunch_floor(step.begin_time, self._cred_expire())
+                argv = commands.start_at(step.slurm_job_id, floor)
+                try:
+                    self.runner.run(argv)
+                except CommandError as exc:
+                    failures[step.slurm_job_id] = str(exc)
         for step in ready:
             action = step.action
             book.note(action, "slurm_job_id", step.slurm_job_id)
@@ -467,13 +478,21 @@ class Actuator:
             self._run(commands.requeue_hold([job.job_id]))
             if self._wait_until_pending([job.job_id]):
                 raise ActuationError(f"Slurm job {job.job_id} did not return to PENDING")
-            requeued = replace(job, state="PENDING", held=True, restart_count=job.restart_count + 1)
-            managed = replace(managed, current=requeued)
-            job = requeued
-        elif not job.held or job.reason in commands.USER_HOLD_REASONS:
+            requeued = self.observe().managed.get(action.sia_id)
+            if requeued is None or requeued.current.job_id != job.job_id:
+                raise ActuationError(f"Slurm job {job.job_id} vanished after its requeue")
+            managed, job = requeued, requeued.current  # under the requeue's (user) hold
+        if not job.held or job.reason in commands.USER_HOLD_REASONS:
             self._run(commands.hold([job.job_id]))  # the controller's hold, not the user's
         return _Placement(
-            action, shape, assignment, managed, job.job_id, managed.restarts, job.restart_count
+            action,
+            shape,
+            assignment,
+            managed,
+            job.job_id,
+            managed.restarts,
+            job.restart_count,
+            job.start_time,
         )
 
     def _reshape(self, steps: list[_Placement], book: _Round) -> None:
@@ -658,6 +677,13 @@ class Actuator:
         if strays:
             logger.info("cancelling leftovers of interrupted resubmissions: %s", strays)
             self._run_quiet(commands.cancel(strays))
+
+    def _cred_expire(self) -> int:
+        """Slurm's cred_expire (asked once per process: it changes only with slurm.conf)."""
+        if self.cred_expire_s is None:
+            result = self.runner.run(list(commands.SHOW_CONFIG), check=False)
+            self.cred_expire_s = commands.parse_cred_expire(result.stdout)
+        return self.cred_expire_s
 
     def _run(self, argv: list[str]) -> str:
         """Run a command that must succeed; its stdout."""

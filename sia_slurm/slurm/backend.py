@@ -45,7 +45,7 @@ from sia_slurm.protocol import (
     ack_name,
 )
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.actuate import Actuator
+from sia_slurm.slurm.actuate import USER_HOLD, Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
 from sia_slurm.slurm.jobfiles import DocumentCache, MetricsInbox, RecordBook
@@ -216,7 +216,7 @@ class SlurmBackend:
         )
         released = self._released_to(job, assignment, phase, stop is not None)
         if job.state == "PENDING" and self._needs_hold(job, released):
-            why = "released without a grant" if not job.held else f"held by its user ({job.reason})"
+            why = "released without a grant" if not job.held else f"{USER_HOLD} ({job.reason})"
             enforcement.hold[sia_id] = (managed, why)
         config, placement = None, ()
         if released:

@@ -6,6 +6,9 @@ Pure functions, so the exact commands are unit-tested and the sequences in
 
 from __future__ import annotations
 
+import math
+import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,9 +87,35 @@ def release(job_ids: Sequence[str]) -> list[str]:
     return ["scontrol", "release", job_list(job_ids)]
 
 
-def start_now(job_ids: Sequence[str]) -> list[str]:
-    """Clear the BeginTime delay a requeue sets (cred_expire + 1 s); valid once PENDING."""
-    return ["scontrol", "update", f"JobId={job_list(job_ids)}", "StartTime=now"]
+def start_at(job_id: str, when: float) -> list[str]:
+    """Move a requeued job's BeginTime to ``when`` (seconds since the epoch on slurmctld's
+    clock, as :func:`relaunch_floor` computes it; written in local time, as scontrol reads it)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(math.ceil(when)))
+    return ["scontrol", "update", f"JobId={job_id}", f"StartTime={stamp}"]
+
+
+def relaunch_floor(begin_time: float, cred_expire_s: int) -> float:
+    """The earliest second a requeued job may start again without meeting its revoked
+    credential, from Slurm's own record of the requeue (no other clock involved).
+
+    A requeue makes slurmd revoke the job's credential at the kill's second K, and slurmctld
+    delays the job to BeginTime = K + cred_expire + 1. slurmd refuses any later launch whose
+    credential was created in a second <= K ("Job credential revoked", the job then ends
+    FAILED), so the job may start from K + 2 on, i.e. BeginTime - cred_expire + 1; waiting
+    out the whole cred_expire (120 s by default) is not needed (docs/slurm-actuation.md).
+    """
+    return begin_time - cred_expire_s + 1
+
+
+# Slurm's default when AuthInfo sets no cred_expire (seconds).
+DEFAULT_CRED_EXPIRE_S = 120
+SHOW_CONFIG = ("scontrol", "show", "config")
+
+
+def parse_cred_expire(config_text: str) -> int:
+    """``cred_expire`` from ``scontrol show config`` (its AuthInfo line), else the default."""
+    match = re.search(r"^AuthInfo\s*=.*\bcred_expire=(\d+)", config_text, re.MULTILINE)
+    return int(match[1]) if match else DEFAULT_CRED_EXPIRE_S
 
 
 def cancel(job_ids: Sequence[str]) -> list[str]:

@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.protocol import StatePaths
+from sia_slurm.protocol import StatePaths, chmod_dir
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def set_up(state_dir: Path, uid: int, gid: int) -> list[str]:
             os.chown(entry.path, uid, gid, follow_symlinks=False)
             done.append(f"owner of {entry.path}: {info.st_uid}:{info.st_gid} -> {uid}:{gid}")
         if stat.S_IMODE(info.st_mode) != entry.mode:
-            _chmod_dir(entry.path, entry.mode)
+            chmod_dir(entry.path, entry.mode)
             done.append(f"mode of {entry.path}: {stat.S_IMODE(info.st_mode):o} -> {entry.mode:o}")
     return done
 
@@ -78,7 +78,7 @@ def prepare(state_dir: Path, uid: int) -> list[str]:
                 continue
             except OSError:
                 break  # check() says what is wrong
-            _chmod_dir(entry.path, entry.mode)
+            chmod_dir(entry.path, entry.mode)
     return check(state_dir, uid)
 
 
@@ -131,15 +131,6 @@ def _ancestor_problems(directory: Path) -> list[str]:
                 "replace the state directory; move state_dir elsewhere"
             )
     return problems
-
-
-def _chmod_dir(path: Path, mode: int) -> None:
-    """chmod through a descriptor opened without following a symlink (never by path)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
 
 
 def _writable(directory: Path) -> bool:

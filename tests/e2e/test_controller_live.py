@@ -47,6 +47,8 @@ from sia_slurm.protocol import (  # noqa: E402
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.state.tree import set_up  # noqa: E402
+from tests.accounts import SERVICE_ACCOUNT, TestAccounts, grant_traverse  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -158,7 +160,11 @@ class Site:
     # ---- the controller ------------------------------------------------------------------
 
     def argv(self, *extra: str) -> list[str]:
+        """The controller's command line, as the service account (``setpriv`` execs the
+        controller itself, so a signal to the process reaches the controller)."""
+        user = SERVICE_ACCOUNT
         return [
+            *("setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"),
             sys.executable,
             "-m",
             "sia_slurm.cli",
@@ -280,8 +286,18 @@ def wait_for(
 
 
 @pytest.fixture
-def site(dev_cluster: DevCluster, slurm_env: dict[str, str], tmp_path: Path) -> Iterator[Site]:
+def site(
+    dev_cluster: DevCluster,
+    slurm_env: dict[str, str],
+    test_accounts: TestAccounts,
+    tmp_path: Path,
+) -> Iterator[Site]:
+    """The controller runs as the service account on a tree made by ``sia-slurm setup``; the
+    jobs are root's (the controller is no more privileged for them)."""
     paths = StatePaths(tmp_path / "state")
+    grant_traverse(tmp_path)
+    service = test_accounts.service
+    set_up(paths.state_dir, service.uid, service.gid)
     config_path = tmp_path / "sia.yaml"
     # lambda_a 0.01 as etc/sia.yaml: keep equivalent allocations instead of swapping them.
     config = controller_config(
@@ -293,7 +309,8 @@ def site(dev_cluster: DevCluster, slurm_env: dict[str, str], tmp_path: Path) -> 
     )
     config_path.write_text(config)
     submitter = LiveSubmitter(dev_cluster, paths, dev_cluster.runner())
-    site = Site(dev_cluster, tmp_path, submitter, config_path, tmp_path / "controller.jsonl")
+    log_path = paths.state_dir / "controller.jsonl"  # where the service account may write
+    site = Site(dev_cluster, tmp_path, submitter, config_path, log_path)
     nodes = [f"{t}-{i}" for t in ("a100", "rtx", "t4") for i in (1, 2)]
     try:
         yield site

@@ -221,11 +221,20 @@ def site(
     try:
         yield site
     finally:
-        ids = [j.job_id for j in parse_squeue_json(
-            dev_cluster.runner().run(["squeue", "--json"]).stdout
-        ).jobs if not j.finished]  # fmt: skip
-        if ids:
-            dev_cluster.runner().run(["scancel", *ids], check=False)
+        _cancel_all(dev_cluster)
+
+
+def _cancel_all(cluster: DevCluster) -> None:
+    """Cancel every job and wait until none holds GPUs, so later tests find an idle cluster."""
+
+    def live() -> list[SlurmJob]:
+        out = cluster.runner().run(["squeue", "--json"]).stdout
+        return [j for j in parse_squeue_json(out).jobs if not j.finished]
+
+    ids = [j.job_id for j in live()]
+    if ids:
+        cluster.runner().run(["scancel", *ids], check=False)
+    wait_for("every job of the module to end", lambda: not live() or None, 90)
 
 
 @pytest.fixture(scope="module")
