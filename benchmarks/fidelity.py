@@ -50,6 +50,7 @@ from sia_slurm.sim.inputs import load_inputs, load_workload_truths  # noqa: E402
 from sia_slurm.sim.restart import RestartDelay  # noqa: E402
 from sia_slurm.sim.run import SimulationConfig, simulate  # noqa: E402
 from sia_slurm.sim.workload import Workload, WorkloadJob, load_workload  # noqa: E402
+from sia_slurm.state.tree import set_up  # noqa: E402
 
 PHOEBE = REPO / "data" / "workloads" / "phoebe.csv"
 DEV_CLUSTER = REPO / "etc" / "clusters" / "dev.yaml"
@@ -128,6 +129,8 @@ def write_config(directory: Path, round_s: float) -> Path:
     spec = DevClusterSpec.parse(DEV_SPEC)
     text = controller_config(spec, directory / "state", round_seconds=round_s)
     path.write_text(text, encoding="utf-8")
+    # The state tree as `sia-slurm setup` makes it (the controller here is this account).
+    set_up(directory / "state", os.geteuid(), os.getegid())
     return path
 
 

@@ -50,6 +50,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.state.tree import set_up  # noqa: E402
 
 GRANT_KINDS = ("start", "move")  # journalled actions that (re)start a job on granted GPUs
 READY_LINE = re.compile(
@@ -323,6 +324,8 @@ def write_config(directory: Path, round_s: float) -> Path:
         DevClusterSpec.parse(CLUSTER_SPEC), directory / "state", round_seconds=round_s
     )
     path.write_text(text, encoding="utf-8")
+    # The state tree as `sia-slurm setup` makes it (the controller here is this account).
+    set_up(directory / "state", os.geteuid(), os.getegid())
     return path
 
 
