@@ -109,7 +109,9 @@ class MetricsInbox:
         self.gpu_types = gpu_types
         self._versions: dict[str, _Version] = {}  # sia id -> version of the file last read
         self._valid: dict[str, MetricsReport] = {}  # sia id -> its newest valid report
-        self._taken: dict[str, float] = {}  # sia id -> time of the newest report handed on
+        # sia id -> the run and time of the newest report handed on (times of one run only
+        # are compared: another run's rank 0 may be on a node whose clock differs)
+        self._taken: dict[str, tuple[RunId, float]] = {}
 
     def read(
         self, sia_id: str, directory: JobDirectory, run: RunId, rejected: list[str]
@@ -130,8 +132,9 @@ class MetricsInbox:
         report = self._valid.get(sia_id)
         if report is None or RunId(report.slurm_job_id, report.slurm_restart_count) != run:
             return None, False  # none yet from this run (the last run's file is still there)
-        if report.time > self._taken.get(sia_id, -math.inf):
-            self._taken[sia_id] = report.time
+        taken_run, taken_time = self._taken.get(sia_id, (run, -math.inf))
+        if taken_run != run or report.time > taken_time:
+            self._taken[sia_id] = (run, report.time)
             return report, True
         return None, True
 
