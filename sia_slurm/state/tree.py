@@ -47,7 +47,7 @@ def set_up(state_dir: Path, uid: int, gid: int) -> list[str]:
     mode); the lines say what was done. Needs root unless ``uid`` is the caller's."""
     done = []
     for entry in tree_dirs(state_dir):
-        if not entry.path.exists():
+        if not os.path.lexists(entry.path):  # a dangling symlink is there, not missing
             entry.path.mkdir(mode=0o700)
             done.append(f"created {entry.path}")
         info = os.stat(entry.path, follow_symlinks=False)
