@@ -9,6 +9,7 @@ import pytest
 from sia_slurm.config import ConfigError, load_config, parse_config, resolve_config_path
 from sia_slurm.policy.gavel import GavelPolicyConfig
 from sia_slurm.policy.sia import SiaPolicyConfig
+from sia_slurm.protocol import StatePaths
 
 REPO = Path(__file__).resolve().parent.parent
 GOOD = """\
@@ -49,7 +50,9 @@ def test_defaults_and_derived_paths() -> None:
     assert config.restart.checkpoint_timeout_s == 120
     assert config.managed_marker == "sia-slurm"
     assert config.db_path == Path("/var/lib/sia/sia.db")
-    assert config.spool_dir == Path("/var/lib/sia/spool")
+    # Metrics are the job's own file in its directory (jobs/<id>/metrics.json): no spool.
+    assert not hasattr(config, "spool_dir")
+    assert StatePaths(config.state_dir).metrics("j") == Path("/var/lib/sia/jobs/j/metrics.json")
     assert {g.name: g.profile for g in config.gpu_types} == {"a100": "dgx", "t4": "t4"}
 
 

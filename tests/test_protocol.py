@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,8 @@ from sia_slurm.protocol import (
     check_sia_id,
     read_document,
     write_document,
+    write_json_atomic,
+    write_text_atomic,
 )
 
 
@@ -46,8 +51,11 @@ def test_documents_round_trip(tmp_path: Path) -> None:
     spec = JobSpec(
         "j1", "cifar10", kind=JobKind.RIGID, requested_gpus=4, command=("python", "t.py")
     )
-    assignment = Assignment("j1", 3, "rtx", "rtx", 2, 4, ("rtx-1", "rtx-2"), 512, 64, 1)
-    report = MetricsReport(**_report())  # type: ignore[arg-type]
+    assignment = Assignment(
+        "j1", 3, "rtx", "rtx", 2, 4, ("rtx-1", "rtx-2"), 512, 64, 1,
+        slurm_job_id="41", slurm_restart_count=2,
+    )  # fmt: skip
+    report = MetricsReport(**_report(slurm_job_id="41", slurm_restart_count=2))  # type: ignore[arg-type]
     stop = StopRequest("j1", 3, 12.5)
     for path, document in [
         (paths.spec("j1"), spec),
@@ -61,11 +69,99 @@ def test_documents_round_trip(tmp_path: Path) -> None:
     assert json.loads(paths.spec("j1").read_text())["kind"] == "rigid"
 
 
+def test_two_trees_by_who_writes_them(tmp_path: Path) -> None:
+    """The controller's files under control/<id>/, the job user's under jobs/<id>/."""
+    paths = StatePaths(tmp_path)
+    control, job = tmp_path / "control" / "j1", tmp_path / "jobs" / "j1"
+    assert paths.control("j1") == control and paths.job_dir("j1") == job
+    assert paths.assignment("j1") == control / "assignment.json"
+    assert paths.stop_request("j1") == control / "stop.json"
+    assert paths.slurm_record("j1") == control / "slurm.json"
+    assert paths.batch_copy("j1") == control / "batch-script"
+    assert paths.spec("j1") == job / "spec.json"
+    assert paths.ack("j1", 7) == job / "ack-7"
+    assert paths.metrics("j1") == job / "metrics.json"
+    with pytest.raises(ProtocolError, match="sia job id"):
+        paths.control("../jobs/j1")
+
+
 def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
     path = StatePaths(tmp_path).stop_request("j1")
     for round_index in range(5):
         write_document(path, StopRequest("j1", round_index))
     assert sorted(os.listdir(path.parent)) == ["stop.json"]
+
+
+@pytest.fixture
+def planted_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Make mkstemp's random names predictable ("planted", then "fresh", "fresh2"...); the
+    list is of the names it tried."""
+    tried: list[str] = []
+
+    def candidates() -> Iterator[str]:
+        for name in ["planted", "fresh", *(f"fresh{i}" for i in range(2, 50))]:
+            tried.append(name)
+            yield name
+
+    monkeypatch.setattr(tempfile, "_get_candidate_names", candidates)
+    yield tried
+
+
+def test_atomic_write_never_follows_a_planted_symlink(
+    tmp_path: Path, planted_names: list[str]
+) -> None:
+    """Someone who can write the directory plants symlinks at the temporary name and at the
+    file's own name: neither target is written, and the file is the new content."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    directory = tmp_path / "control"
+    directory.mkdir()
+    (directory / ".assignment.json.planted.tmp").symlink_to(victim)
+    (directory / "assignment.json").symlink_to(victim)
+    write_json_atomic(directory / "assignment.json", {"round_index": 3}, mode=0o640)
+    assert victim.read_text() == "precious\n"
+    target = directory / "assignment.json"
+    assert not target.is_symlink() and json.loads(target.read_text()) == {"round_index": 3}
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert planted_names == ["planted", "fresh"]  # the planted name was refused, not used
+    assert (directory / ".assignment.json.planted.tmp").is_symlink()  # not ours: left alone
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".assignment.json.planted.tmp",
+        "assignment.json",
+    ]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644, 0o755])
+def test_atomic_write_sets_the_mode_on_the_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    """The exact mode whatever the umask, and never a chmod by path (which a swapped name
+    would redirect)."""
+
+    def no_chmod(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"chmod by path: {args}")
+
+    monkeypatch.setattr(os, "chmod", no_chmod)
+    monkeypatch.setattr(Path, "chmod", no_chmod)
+    old = os.umask(0o077)
+    try:
+        write_text_atomic(tmp_path / "batch.sh", "#!/bin/sh\n", mode=mode)
+        write_document(tmp_path / "stop.json", StopRequest("j1", 2))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "batch.sh").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "stop.json").stat().st_mode) == 0o644  # the default
+
+
+def test_the_reader_follows_no_symlink_and_reads_no_fifo(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    write_document(real, StopRequest("j1", 2))
+    (tmp_path / "link.json").symlink_to(real)
+    with pytest.raises(ProtocolError, match=r"link\.json: cannot read: is a symbolic link"):
+        read_document(StopRequest, tmp_path / "link.json")
+    os.mkfifo(tmp_path / "fifo.json")  # opened without blocking, then refused
+    with pytest.raises(ProtocolError, match=r"fifo\.json: not a regular file"):
+        read_document(StopRequest, tmp_path / "fifo.json")
 
 
 @pytest.mark.parametrize(
@@ -79,6 +175,8 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
         ({"extra": 1}, "unknown field(s) extra"),
         ({"version": 99}, "version"),
         ({"sia_id": "../etc"}, "sia job id"),
+        ({"slurm_restart_count": -1}, "slurm_restart_count: expected an integer >= 0"),
+        ({"slurm_job_id": 41}, "slurm_job_id: expected str"),
     ],
 )
 def test_bad_metrics_name_the_file_and_the_field(
@@ -121,6 +219,8 @@ def test_not_json_too_large_and_missing(tmp_path: Path) -> None:
 def test_assignment_batch_must_add_up() -> None:
     with pytest.raises(ProtocolError, match="batch_size"):
         Assignment("j1", 0, "t4", "t4", 1, 2, (), 100, 32, 0)
+    with pytest.raises(ProtocolError, match="slurm_restart_count: expected integers >= 0"):
+        Assignment("j1", 0, "t4", "t4", 1, 2, (), 64, 32, 0, slurm_restart_count=-1)
     with pytest.raises(ProtocolError, match="node_list"):
         Assignment("j1", 0, "t4", "t4", 2, 4, ("t4-1",), 128, 32, 0)
 

@@ -108,7 +108,7 @@ def test_signal_flags_record_without_acting() -> None:
 
 
 def test_metrics_report_is_a_valid_protocol_document(make_env) -> None:  # type: ignore[no-untyped-def]
-    env = make_env(gpus=2, batch_size=16, local_bsz=4, accum_steps=1)
+    env = make_env(gpus=2, batch_size=16, local_bsz=4, accum_steps=1, slurm_job_id="41", restarts=2)
     now = [1000.0]
     reporter = MetricsReporter(env, interval_s=30, clock=lambda: now[0])
     noise = GradientNoise(8, decay=0.0)
@@ -121,8 +121,13 @@ def test_metrics_report_is_a_valid_protocol_document(make_env) -> None:  # type:
     assert reporter.due()
     report = reporter.report(steps=7, local_bsz=4, accum_steps=1, round_index=2, noise=noise)
     assert report is not None
-    on_disk = read_document(MetricsReport, StatePaths(env.state_dir).metrics("job-1"))
+    path = StatePaths(env.state_dir).metrics("job-1")
+    assert path == env.state_dir / "jobs" / "job-1" / "metrics.json"  # the job's own directory
+    on_disk = read_document(MetricsReport, path)
     assert on_disk == report
+    # The run that wrote it (SLURM_JOB_ID, SLURM_RESTART_COUNT): the controller takes only
+    # its current run's reports.
+    assert (report.slurm_job_id, report.slurm_restart_count) == ("41", 2)
     assert (report.step_time, report.sync_time) == pytest.approx((0.4, 0.15))
     assert (report.gpu_type, report.nodes, report.gpus, report.steps) == ("a100", 1, 2, 7)
     assert (report.grad_sqr, report.grad_var) == (noise.grad_sqr, noise.grad_var)

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import launcher.launch
 from launcher.launch import (
     EXIT_MISMATCH,
     STALE_SLURM_VARIABLES,
     LaunchError,
     SlurmAllocation,
+    await_grant,
     check_allocation,
     job_environment,
+    launch,
     split_command,
     stopped_on_request,
     torchrun_argv,
     worker_environment,
 )
-from sia_slurm.config import load_config
+from sia_slurm.config import SiaConfig, load_config
 from sia_slurm.protocol import Assignment, JobSpec, StatePaths, StopRequest, write_document
 
 SLURM = {
@@ -43,6 +48,8 @@ def assignment(**overrides: object) -> Assignment:
         "batch_size": 48,
         "local_bsz": 6,
         "accum_steps": 1,
+        "slurm_job_id": "41",  # the run of SLURM below: job 41 after one restart
+        "slurm_restart_count": 1,
     }
     values.update(overrides)
     return Assignment(**values)  # type: ignore[arg-type]
@@ -63,8 +70,28 @@ def test_allocation_is_read_from_the_launch_environment() -> None:
 def test_matching_allocation_passes(config_path: Path) -> None:
     config = load_config(config_path)
     check_allocation(assignment(), SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
-    named = assignment(node_list=("rtx-2", "rtx-1"), slurm_job_id="41")
+    named = assignment(node_list=("rtx-2", "rtx-1"))
     check_allocation(named, SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
+
+
+@pytest.mark.parametrize(
+    ("job_id", "restarts"),
+    [("40", 1), ("41", 0), ("41", 2), ("", 1)],
+    ids=["another-job", "the-run-before", "a-later-run", "no-run-named"],
+)
+def test_only_the_granted_run_may_train(config_path: Path, job_id: str, restarts: int) -> None:
+    """Job and shape may match: a run the assignment was not written for (the user's own
+    release or requeue, Slurm's requeue) is not the controller's grant."""
+    config = load_config(config_path)
+    granted = assignment(slurm_job_id=job_id, slurm_restart_count=restarts)
+    with pytest.raises(LaunchError) as caught:
+        check_allocation(granted, SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
+    assert caught.value.status == EXIT_MISMATCH
+    (problem,) = str(caught.value).splitlines()[1:]
+    assert problem.strip() == (
+        f"assignment.json: written for Slurm job {job_id or '-'} run {restarts}, but this is "
+        "SLURM_JOB_ID=41 SLURM_RESTART_COUNT=1: not granted by the controller"
+    )
 
 
 def test_every_mismatch_is_named(config_path: Path) -> None:
@@ -88,7 +115,8 @@ def test_every_mismatch_is_named(config_path: Path) -> None:
         "assignment.json: partition: a100, but SLURM_JOB_PARTITION=rtx",
         "assignment.json: nodes: 1, but SLURM_JOB_NUM_NODES=2",
         "assignment.json: gpus per node: 4 (gpus=4), but SLURM_GPUS_ON_NODE=2",
-        "assignment.json: slurm_job_id: 40, but SLURM_JOB_ID=41",
+        "assignment.json: written for Slurm job 40 run 1, but this is SLURM_JOB_ID=41 "
+        "SLURM_RESTART_COUNT=1",
         "assignment.json: node_list: a100-1, but SLURM_JOB_NODELIST=rtx-[1-2]",
     ):
         assert expected in message
@@ -180,6 +208,7 @@ def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path)
 
 def test_exit_status_says_stopped_only_for_an_acknowledged_later_stop(tmp_path: Path) -> None:
     paths = StatePaths(tmp_path)
+    paths.job_dir("s1-abcd").mkdir(parents=True)  # the job's (sia-sbatch made it)
     assert not stopped_on_request(paths, "s1-abcd", 7)
     write_document(paths.stop_request("s1-abcd"), StopRequest("s1-abcd", 7))
     paths.ack("s1-abcd", 7).touch()
@@ -188,3 +217,126 @@ def test_exit_status_says_stopped_only_for_an_acknowledged_later_stop(tmp_path: 
     assert not stopped_on_request(paths, "s1-abcd", 7)  # requested, not acknowledged
     paths.ack("s1-abcd", 8).touch()
     assert stopped_on_request(paths, "s1-abcd", 7)
+
+
+# ------------------------------------------------------------------------------------------------
+# Waiting for the grant
+
+
+class Clock:
+    """A monotonic clock that moves only when the launcher sleeps; ``on_sleep`` runs at each
+    sleep (the controller acting meanwhile)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self.on_sleep = lambda now: None
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        self.on_sleep(self.now)
+
+
+def grant_args(config_path: Path) -> tuple[StatePaths, SlurmAllocation, SiaConfig]:
+    config = load_config(config_path)
+    return StatePaths(config.state_dir), SlurmAllocation.from_env(SLURM), config
+
+
+def wait(config_path: Path, clock: Clock, wait_s: float = 60.0) -> Assignment:
+    paths, allocation, config = grant_args(config_path)
+    return await_grant(
+        paths, "s1-abcd", allocation, config, ["rtx-1", "rtx-2"], wait_s,
+        poll_s=2.0, clock=clock, sleep=clock.sleep,
+    )  # fmt: skip
+
+
+def test_the_granted_run_starts_at_once(config_path: Path) -> None:
+    paths, _, _ = grant_args(config_path)
+    write_document(paths.assignment("s1-abcd"), assignment())
+    clock = Clock()
+    assert wait(config_path, clock) == assignment()
+    assert clock.sleeps == []
+
+
+def test_a_run_waits_for_its_grant_written_late(
+    config_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The assignment of the run before (restart 0) is there when Slurm starts this one: the
+    launcher trains nothing and re-reads it until the controller's for this run arrives."""
+    paths, _, _ = grant_args(config_path)
+    write_document(paths.assignment("s1-abcd"), assignment(slurm_restart_count=0))
+    clock = Clock()
+
+    def controller(now: float) -> None:
+        if now >= 7.0:
+            write_document(paths.assignment("s1-abcd"), assignment(round_index=8))
+
+    clock.on_sleep = controller
+    with caplog.at_level(logging.WARNING, logger="sia-launch"):
+        granted = wait(config_path, clock)
+    assert granted == assignment(round_index=8)
+    assert clock.sleeps == [2.0] * 4  # re-read every poll_s until it matched
+    assert caplog.text.count("not training:") == 1  # the same problem is said once
+    assert "written for Slurm job 41 run 0" in caplog.text
+    assert "waiting for the controller to requeue this run" in caplog.text
+
+
+def test_a_run_never_granted_gives_up_after_the_wait(config_path: Path) -> None:
+    paths, _, _ = grant_args(config_path)
+    write_document(paths.assignment("s1-abcd"), assignment(slurm_job_id="40"))
+    clock = Clock()
+    with pytest.raises(LaunchError) as caught:
+        wait(config_path, clock, wait_s=30.0)
+    assert caught.value.status == EXIT_MISMATCH
+    assert "written for Slurm job 40 run 1" in str(caught.value)
+    assert clock.now == 30.0 and clock.sleeps == [2.0] * 15
+
+
+def test_a_missing_assignment_is_waited_for_too(config_path: Path) -> None:
+    clock = Clock()
+    with pytest.raises(LaunchError) as caught:
+        wait(config_path, clock, wait_s=10.0)
+    assert caught.value.status == EXIT_MISMATCH
+    assert "assignment.json: cannot read" in str(caught.value)
+    assert len(clock.sleeps) == 5
+    paths, _, _ = grant_args(config_path)
+    write_document(paths.assignment("s1-abcd"), replace(assignment(), sia_id="other"))
+    with pytest.raises(LaunchError, match="sia_id is 'other'"):
+        wait(config_path, Clock(), wait_s=4.0)
+
+
+@pytest.mark.parametrize(
+    ("round_seconds", "environ", "expected"),
+    [(60.0, {}, 180.0), (10.0, {}, 60.0), (60.0, {"SIA_MISMATCH_WAIT_S": "7.5"}, 7.5)],
+)
+def test_launch_waits_three_rounds_or_sia_mismatch_wait_s(
+    config_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    round_seconds: float,
+    environ: dict[str, str],
+    expected: float,
+) -> None:
+    """At least three rounds (the controller requeues an ungranted run at its next), at
+    least a minute, unless SIA_MISMATCH_WAIT_S says otherwise."""
+    config = replace(load_config(config_path), round_seconds=round_seconds)
+    paths = StatePaths(config.state_dir)
+    paths.job_dir("s1-abcd").mkdir()
+    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
+    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
+    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
+    waited: list[float] = []
+
+    def give_up(*args: object, **kwargs: object) -> Assignment:
+        waited.append(args[-1])  # type: ignore[arg-type]
+        raise LaunchError("not granted", EXIT_MISMATCH)
+
+    monkeypatch.setattr(launcher.launch, "await_grant", give_up)
+    with pytest.raises(LaunchError, match="not granted"):
+        launch(config, "s1-abcd", SLURM | environ)
+    assert waited == [expected]
+    with pytest.raises(LaunchError, match="SIA_MISMATCH_WAIT_S: expected seconds > 0"):
+        launch(config, "s1-abcd", SLURM | {"SIA_MISMATCH_WAIT_S": "0"})

@@ -4,12 +4,14 @@ sbatch command line, a spec and a batch script; a failed submission leaves nothi
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+import launcher.sbatch
 from launcher.sbatch import (
     SubmitOptions,
     UsageError,
@@ -111,6 +113,44 @@ def test_submission_writes_spec_and_script_and_runs_the_exact_sbatch(
         f"exec {sys.executable} -m launcher.launch --config {config_path} --sia-id {sia_id}" in text
     )
     assert os.access(script, os.X_OK)
+    # The job's directory and files are the user's, with modes set exactly (not by umask).
+    mode = stat.S_IMODE
+    assert mode(script.stat().st_mode) == 0o755
+    assert mode(paths.spec(sia_id).stat().st_mode) == 0o644
+    assert paths.job_dir(sia_id).stat().st_uid == os.geteuid()
+    assert mode(paths.job_dir(sia_id).stat().st_mode) == 0o755
+    assert sorted(p.name for p in paths.job_dir(sia_id).iterdir()) == ["batch.sh", "spec.json"]
+    assert not paths.control(sia_id).exists()  # the controller's, not sia-sbatch's
+
+
+def test_files_are_written_with_their_modes_whatever_the_umask(config_path: Path) -> None:
+    config = load_config(config_path)
+    old = os.umask(0o077)
+    try:
+        sia_id, _ = submit(config, config_path, options(), [], FakeRunner())
+    finally:
+        os.umask(old)
+    paths = StatePaths(config.state_dir)
+    assert stat.S_IMODE(paths.job_dir(sia_id).stat().st_mode) == 0o755  # the controller reads it
+    assert stat.S_IMODE((paths.job_dir(sia_id) / "batch.sh").stat().st_mode) == 0o755
+    assert stat.S_IMODE(paths.spec(sia_id).stat().st_mode) == 0o644
+
+
+def test_an_existing_job_directory_is_never_reused(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id is new, so its directory must be too: one that exists (another user's, made
+    in the shared jobs/ first) is refused and left as it is; nothing is submitted."""
+    config = load_config(config_path)
+    taken = StatePaths(config.state_dir).job_dir("s1-abcd")
+    taken.mkdir()
+    (taken / "spec.json").write_text("theirs")
+    monkeypatch.setattr(launcher.sbatch, "new_sia_id", lambda: "s1-abcd")
+    runner = FakeRunner()
+    with pytest.raises(UsageError, match=f"cannot create {taken}: File exists"):
+        submit(config, config_path, options(), [], runner)
+    assert runner.calls == []
+    assert (taken / "spec.json").read_text() == "theirs"
 
 
 def test_unnamed_jobs_get_the_app_name_and_pinned_jobs_their_type(
@@ -224,17 +264,24 @@ def test_missing_command_and_missing_profile_dir(
     )
 
 
-def test_unwritable_state_dir_and_bad_config(
+def test_a_state_dir_without_its_tree_and_a_bad_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
+    """sia-sbatch makes only the job's own directory: jobs/ is the site's (`sia-slurm
+    setup`), never made by a user with her own owner and mode."""
+    state = tmp_path / "state"
     config = tmp_path / "sia.yaml"
     config.write_text(
-        f"state_dir: {blocker}/state\npartitions:\n  t4: {{gpu_type: t4, gpus_per_node: 4}}\n"
+        f"state_dir: {state}\npartitions:\n  t4: {{gpu_type: t4, gpus_per_node: 4}}\n"
     )
-    err = cli_error(["--config", str(config), "--app", "cifar10", "--", "t.py"], capsys)
-    assert f"state_dir {blocker}/state (from {config}) is not writable" in err
+    for _ in range(2):  # no state dir at all; then one without jobs/
+        err = cli_error(["--config", str(config), "--app", "cifar10", "--", "t.py"], capsys)
+        assert (
+            f"sia-sbatch: {state / 'jobs'} (state_dir from {config}) does not exist: the site's "
+            "administrator creates the state tree with `sia-slurm setup`"
+        ) in err
+        assert not (state / "jobs").exists()
+        state.mkdir(exist_ok=True)
     config.write_text("state_dir: /tmp\npartitions: 3\n")
     err = cli_error(["--config", str(config), "--app", "cifar10", "--", "t.py"], capsys)
     assert f"{config}:2: partitions: expected a non-empty mapping" in err

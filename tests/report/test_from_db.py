@@ -3,6 +3,7 @@ read back by ``report_from_db``, rendered, and loaded in headless Chromium."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_documen
 from sia_slurm.report import ReportSourceError, render_site, report_from_db  # noqa: E402
 from sia_slurm.report.from_db import measured_goodput  # noqa: E402
 from sia_slurm.service import open_controller, run_round  # noqa: E402
+from sia_slurm.slurm.jobfiles import SlurmRecord  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402
 from tests.report.test_site import run_chromium  # noqa: E402
 from tests.service.fakes import FakeCluster, write_config  # noqa: E402
@@ -45,16 +47,23 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> SiaConfig:
                 break
             cluster.advance(60.0)
     assert all(job.phase == "done" for job in cluster.jobs.values()), "fake run did not finish"
-    # The last report a job wrote stays in the spool after it finished.
-    write_document(
-        StatePaths(config.state_dir).metrics("job0"),
-        MetricsReport("job0", T0 + 100, "a100", 1, 2, 64, 1, 0.2, 0.05, 1.0, 4.0),
-    )
+    # The last report a job wrote stays in its directory after it finished; the controller's
+    # record says whose job it was (the Slurm backend writes it at first sight).
+    paths = StatePaths(config.state_dir)
+    for sia_id in ("job0", "job2"):
+        paths.job_dir(sia_id).mkdir(parents=True)
+        write_document(paths.metrics(sia_id), last_report(sia_id))
+    SlurmRecord("10", os.geteuid(), T0).write(paths.slurm_record("job0"))
+    # job2 has no record: the controller never knew whose directory it is, so it is not read.
     return config
 
 
+def last_report(sia_id: str) -> MetricsReport:
+    return MetricsReport(sia_id, T0 + 100, "a100", 1, 2, 64, 1, 0.2, 0.05, 1.0, 4.0)
+
+
 def test_rows_rounds_and_segments_follow_the_database(finished_run: SiaConfig) -> None:
-    data = report_from_db(finished_run.db_path, spool_dir=finished_run.spool_dir)
+    data = report_from_db(finished_run.db_path, state_dir=finished_run.state_dir)
     assert [t.name for t in data.gpu_types] == ["a100", "t4"]
     assert [t.total for t in data.gpu_types] == [8, 8]
     with sqlite3.connect(finished_run.db_path) as conn:
@@ -79,12 +88,13 @@ def test_rows_rounds_and_segments_follow_the_database(finished_run: SiaConfig) -
         assert job.gpu_type in ("a100", "t4") and job.gpus == job.segments[-1].gpus
         assert job.batch_size > 0 and job.goodput_predicted and job.goodput_predicted > 0
     assert jobs["late"].submit_time == 120.0
-    # Finished jobs' reports are gone from the database; the spool still has job0's.
-    expected = measured_goodput(
-        MetricsReport("job0", T0 + 100, "a100", 1, 2, 64, 1, 0.2, 0.05, 1.0, 4.0), 0
-    )
+    # Finished jobs' reports are gone from the database; job0's directory still has its last.
+    expected = measured_goodput(last_report("job0"), 0)
     assert jobs["job0"].goodput_measured == pytest.approx(expected)
-    assert jobs["job1"].goodput_measured is None
+    assert jobs["job1"].goodput_measured is None  # wrote none
+    assert jobs["job2"].goodput_measured is None  # no record of whose it is: not read
+    without = {job.id: job for job in report_from_db(finished_run.db_path).jobs}
+    assert without["job0"].goodput_measured is None  # the database alone
     summary = dict(data.summary)
     assert summary["jobs"] == "4/4 done" and "avg JCT" in summary and "makespan" in summary
 
@@ -125,12 +135,41 @@ def test_missing_database_is_named(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "x.db: no state database" in result.output
 
 
-def test_damaged_spool_file_names_file_and_field(finished_run: SiaConfig, tmp_path: Path) -> None:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    (spool / "job1.json").write_text('{"sia_id": "job1", "time": "soon"}')
-    with pytest.raises(ReportSourceError, match=r"job1\.json: time: expected float"):
-        report_from_db(finished_run.db_path, spool_dir=spool)
+@pytest.fixture
+def job1_files(tmp_path: Path) -> StatePaths:
+    """A state directory where job1, recorded as this account's, has a directory."""
+    paths = StatePaths(tmp_path / "state")
+    paths.job_dir("job1").mkdir(parents=True)
+    SlurmRecord("11", os.geteuid(), T0).write(paths.slurm_record("job1"))
+    return paths
+
+
+def test_damaged_metrics_file_names_file_and_field(
+    finished_run: SiaConfig, job1_files: StatePaths
+) -> None:
+    job1_files.metrics("job1").write_text('{"sia_id": "job1", "time": "soon"}')
+    with pytest.raises(ReportSourceError, match=r"jobs/job1/metrics\.json: time: expected float"):
+        report_from_db(finished_run.db_path, state_dir=job1_files.state_dir)
+
+
+def test_metrics_are_read_only_through_the_user_file_door(
+    finished_run: SiaConfig, job1_files: StatePaths, tmp_path: Path
+) -> None:
+    """The job's directory is its user's: a symlink there is not followed (the dashboard
+    would otherwise show, or choke on, any file the controller's account can read)."""
+    elsewhere = tmp_path / "report.json"
+    write_document(elsewhere, last_report("job1"))
+    job1_files.metrics("job1").symlink_to(elsewhere)
+    with pytest.raises(ReportSourceError, match=r"metrics\.json: cannot read: is a symbolic link"):
+        report_from_db(finished_run.db_path, state_dir=job1_files.state_dir)
+    job1_files.metrics("job1").unlink()
+    write_document(job1_files.metrics("job1"), last_report("job1"))
+    data = report_from_db(finished_run.db_path, state_dir=job1_files.state_dir)
+    assert {j.id: j for j in data.jobs}["job1"].goodput_measured is not None
+    if os.geteuid() == 0:  # the record names the job's user; the file is someone else's
+        os.chown(job1_files.metrics("job1"), 4242, 4242)
+        with pytest.raises(ReportSourceError, match="owned by uid 4242, but the job's Slurm"):
+            report_from_db(finished_run.db_path, state_dir=job1_files.state_dir)
 
 
 def test_source_options_are_checked(tmp_path: Path) -> None:

@@ -1,10 +1,15 @@
 """A small fake Slurm for the backend's unit tests, and a managed-job submitter for the live ones.
 
 :class:`FakeSlurm` is a :class:`~sia_slurm.slurm.runner.CommandRunner` that answers the exact
-commands the backend issues from an in-memory job table, with the 22.05 behaviours the backend
-relies on (a requeued job reports the node count of its last allocation; a requeue bumps the
-restart count and holds). Every argv is recorded, so tests assert command sequences. Jobs
-acknowledge stop requests when signalled (like tests/slurm/protocol_job.py), unless told not to.
+commands the backend issues from an in-memory job table, with the 22.05.8 behaviours the backend
+relies on (docs/slurm-actuation.md): a requeued job reports the node count of its last
+allocation; a requeue bumps the restart count, holds the job under a *user* hold
+(``JobHeldUser``) and delays it to BeginTime = now + cred_expire + 1 (squeue's ``start_time``);
+``sbatch --hold`` is a user hold too, the controller's ``scontrol hold`` an admin hold
+(``JobHeldAdmin``), which the job's user cannot release (:meth:`FakeSlurm.user_release`). Jobs
+belong to the test's own uid unless submitted for another. Every argv is recorded, so tests
+assert command sequences. Jobs acknowledge stop requests when signalled (like
+tests/slurm/protocol_job.py), unless told not to.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +29,7 @@ import pytest
 from sia_slurm.devcluster import DevCluster
 from sia_slurm.protocol import JobSpec, StatePaths, StopRequest, read_document, write_document
 from sia_slurm.slurm.runner import CommandError, CommandResult, SubprocessRunner
-from sia_slurm.state.tree import prepare
+from sia_slurm.state.tree import prepare, set_up
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 PROTOCOL_JOB = Path(__file__).resolve().parent / "protocol_job.py"
@@ -52,12 +58,14 @@ class FakeSlurm:
     clock: FakeClock
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[list[str]] = field(default_factory=list)
+    call_times: list[float] = field(default_factory=list)  # the clock at each call
     nodes_text: str = (FIXTURES / "show-node.txt").read_text()
     reservations_text: str = "No reservations in the system\n"
     ack_delay_s: dict[str, float] = field(default_factory=dict)  # sia id -> seconds; inf: never
     completing_s: dict[str, float] = field(default_factory=dict)  # sia id -> s COMPLETING
     ignore_fields: set[str] = field(default_factory=set)  # update fields that do not take
     on_release: Callable[[str], None] = lambda job_id: None
+    cred_expire_s: int = 120  # AuthInfo's cred_expire, as `scontrol show config` says
     _signalled: dict[str, float] = field(default_factory=dict)
     _completing: dict[str, float] = field(default_factory=dict)  # job id -> PENDING from then
     _next_id: int = 100
@@ -68,9 +76,18 @@ class FakeSlurm:
     # ---- building the table -----------------------------------------------------------------
 
     def submit(
-        self, sia_id: str | None, partition: str = "t4", gpus: int = 1, *, held: bool = True
+        self,
+        sia_id: str | None,
+        partition: str = "t4",
+        gpus: int = 1,
+        *,
+        held: bool = True,
+        user_id: int | None = None,
     ) -> str:
-        """A job as sia-sbatch submits it (held), or an unmanaged one (``sia_id`` None)."""
+        """A job as sia-sbatch submits it (held; its directory and spec made as the test's own
+        uid), or an unmanaged one (``sia_id`` None). ``user_id``: Slurm's owner of the job
+        (default: this process's uid); another uid's job gets no files."""
+        uid = os.geteuid() if user_id is None else user_id
         job_id = str(self._next_id)
         self._next_id += 1
         self.jobs[job_id] = {
@@ -92,12 +109,14 @@ class FakeSlurm:
             "submit_time": self.clock.now(),
             "start_time": 0,
             "end_time": 0,
-            "user_id": 0,
-            "group_id": 0,
+            "user_id": uid,
+            "group_id": os.getegid(),
             "current_working_directory": "/tmp",
             "standard_output": "/tmp/out",
         }
-        if sia_id is not None and not self.paths.spec(sia_id).exists():
+        mine = uid == os.geteuid()
+        if sia_id is not None and mine and not self.paths.spec(sia_id).exists():
+            self.paths.job_dir(sia_id).mkdir(mode=0o755, exist_ok=True)  # as sia-sbatch does
             write_document(self.paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
         return job_id
 
@@ -118,6 +137,38 @@ class FakeSlurm:
     def job(self, job_id: str) -> dict[str, Any]:
         return self.jobs[job_id]
 
+    def user_release(self, job_id: str) -> bool:
+        """The job's user runs ``scontrol release``: it takes on a user hold only (22.05.8:
+        an admin hold answers "Access/permission denied"). Whether it took."""
+        job = self.jobs[job_id]
+        if job["state_reason"] == "JobHeldAdmin":
+            return False
+        job.update(priority=1, state_reason="None")
+        return True
+
+    def user_requeue(self, job_id: str) -> None:
+        """The job's user runs ``scontrol requeue`` on her running job: PENDING, *not* held,
+        Reason=BeginTime, one more restart (22.05.8)."""
+        job = self.jobs[job_id]
+        assert job["job_state"] == "RUNNING", job
+        job.update(
+            job_state="PENDING",
+            state_reason="BeginTime",
+            priority=1,
+            nodes="",
+            gres_detail=[],
+            restart_cnt=job["restart_cnt"] + 1,
+            start_time=int(self.clock.now()) + self.cred_expire_s + 1,
+        )
+
+    def clear_calls(self) -> None:
+        self.calls.clear()
+        self.call_times.clear()
+
+    def time_of(self, argv: Sequence[str]) -> float:
+        """When ``argv`` was (first) issued, on the fake clock."""
+        return self.call_times[self.calls.index(list(argv))]
+
     def verbs(self) -> list[str]:
         """The commands issued, as short strings (``squeue``, ``scontrol update``...)."""
         return [" ".join(argv[:2]) if argv[0] == "scontrol" else argv[0] for argv in self.calls]
@@ -127,6 +178,7 @@ class FakeSlurm:
     def run(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
         argv = list(argv)
         self.calls.append(argv)
+        self.call_times.append(self.clock.now())
         try:
             stdout = self._answer(argv)
         except KeyError as exc:
@@ -153,6 +205,8 @@ class FakeSlurm:
             return ""
         if argv[0] == "sbatch":
             return self._sbatch(argv)
+        if argv == ["scontrol", "show", "config"]:
+            return f"AuthInfo                = cred_expire={self.cred_expire_s}\n"
         verb = argv[1]
         if verb == "update":
             return self._update(argv[2:])
@@ -161,13 +215,15 @@ class FakeSlurm:
         for job_id in argv[2].split(","):
             job = self.jobs[job_id]
             if verb == "requeuehold":
+                # A user hold whoever issues it; BeginTime delayed by cred_expire + 1 s.
                 job.update(
                     job_state="PENDING",
-                    state_reason="JobHeldAdmin",
+                    state_reason="JobHeldUser",
                     priority=0,
                     nodes="",
                     gres_detail=[],
                     restart_cnt=job["restart_cnt"] + 1,
+                    start_time=int(self.clock.now()) + self.cred_expire_s + 1,
                 )
                 delay = self.completing_s.get(job["comment"].split(":", 1)[-1], 0.0)
                 if delay > 0:
@@ -202,12 +258,21 @@ class FakeSlurm:
                 elif key == "ReqNodeList":
                     job["required_nodes"] = value
                 elif key == "StartTime":
-                    job["begin_now"] = True
+                    job["start_time"] = self._begin_time(value)
         return ""
+
+    def _begin_time(self, value: str) -> int:
+        """``StartTime=now`` or a local ``YYYY-MM-DDTHH:MM:SS``, as seconds since the epoch."""
+        if value == "now":
+            return int(self.clock.now())
+        return int(time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S")))
 
     def _sbatch(self, argv: list[str]) -> str:
         options = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        job_id = self.submit(None, options["partition"], int(options["gpus-per-node"]))
+        owner = int(options["uid"]) if "uid" in options else None
+        job_id = self.submit(
+            None, options["partition"], int(options["gpus-per-node"]), user_id=owner
+        )
         nodes = int(options["nodes"].split("-")[0])
         self.jobs[job_id].update(
             comment=options["comment"],
@@ -234,7 +299,10 @@ class FakeSlurm:
 
 @pytest.fixture
 def state_paths(tmp_path: Path) -> StatePaths:
-    return StatePaths(tmp_path / "state")
+    """A state tree as `sia-slurm setup` makes it, for this process's account."""
+    paths = StatePaths(tmp_path / "state")
+    set_up(paths.state_dir, os.geteuid(), os.getegid())
+    return paths
 
 
 @pytest.fixture

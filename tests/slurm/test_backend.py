@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.slurm.backend import SlurmBackend
+from sia_slurm.slurm.commands import SQUEUE_JSON as SQUEUE
 from sia_slurm.slurm.runner import CommandResult
+from sia_slurm.state.tree import set_up
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 BATCH = BatchChoice(32, 32, 0)
@@ -43,7 +46,8 @@ def make_config(state_dir: Path, timeout_s: float = 30.0) -> Any:
 
 
 class FixtureRunner:
-    """Answers the three observation commands with captured output."""
+    """Answers the three observation commands with captured output (and records any other
+    command, answering it with nothing)."""
 
     def __init__(self, squeue: str, nodes: str, reservations: str) -> None:
         self.outputs = {"squeue": squeue, "node": nodes, "reservation": reservations}
@@ -51,11 +55,15 @@ class FixtureRunner:
 
     def run(self, argv: list[str], *, check: bool = True) -> CommandResult:
         self.calls.append(list(argv))
-        key = "squeue" if argv[0] == "squeue" else argv[3]
-        return CommandResult(tuple(argv), 0, self.outputs[key], "")
+        if argv[0] == "squeue":
+            return CommandResult(tuple(argv), 0, self.outputs["squeue"], "")
+        if argv[:3] == ["scontrol", "-o", "show"]:
+            return CommandResult(tuple(argv), 0, self.outputs[argv[3]], "")
+        return CommandResult(tuple(argv), 0, "", "")  # an action: recorded, changes nothing
 
 
 def report(sia_id: str, time: float, **changes: Any) -> MetricsReport:
+    """A report of Slurm job 14's first run (``run-1`` in the captured squeue) by default."""
     values: dict[str, Any] = dict(
         sia_id=sia_id,
         time=time,
@@ -68,18 +76,32 @@ def report(sia_id: str, time: float, **changes: Any) -> MetricsReport:
         sync_time=0.02,
         grad_sqr=1.0,
         grad_var=2.0,
+        slurm_job_id="14",
+        slurm_restart_count=0,
     )
     values.update(changes)
     return MetricsReport(**values)
 
 
+# run-1 as the controller started it: Slurm job 14's first run, on a100-1 with 2 GPUs.
+RUN_1 = Assignment("run-1", 3, "a100", "a100", 1, 2, ("a100-1",), 64, 32, 0, slurm_job_id="14")
+CAPTURED_IDS = ("pend-1", "run-1", "requeued-1", "done-1", "failed-1")
+
+
 @pytest.fixture
 def captured(tmp_path: Path) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
+    """The captured squeue with its jobs owned by this process's uid (the fixture's owner was
+    root), and their directories made as sia-sbatch makes them in a tree as setup makes it."""
     paths = StatePaths(tmp_path / "state")
-    for sia_id in ("pend-1", "run-1", "requeued-1", "done-1", "failed-1"):
+    set_up(paths.state_dir, os.geteuid(), os.getegid())
+    for sia_id in CAPTURED_IDS:
+        paths.job_dir(sia_id).mkdir(mode=0o755)
         write_document(paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+    squeue = json.loads((FIXTURES / "squeue-mixed.json").read_text())
+    for job in squeue["jobs"]:
+        job["user_id"] = os.geteuid()
     runner = FixtureRunner(
-        (FIXTURES / "squeue-mixed.json").read_text(),
+        json.dumps(squeue),
         (FIXTURES / "show-node-drained.txt").read_text(),
         (FIXTURES / "show-reservation.txt").read_text(),
     )
@@ -88,14 +110,15 @@ def captured(tmp_path: Path) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
 
 
 def test_snapshot_of_captured_cluster(captured: Any) -> None:
-    backend, runner, _ = captured
+    backend, runner, paths = captured
+    write_document(paths.assignment("run-1"), RUN_1)
     snapshot = backend.snapshot()
     assert [c[0] for c in runner.calls] == ["scontrol", "scontrol", "squeue"]  # 3 commands
     usable = {
         node.name: (node.gpu_type, node.total_gpus, node.usable_gpus) for node in snapshot.nodes
     }
     assert usable == {
-        "a100-1": ("a100", 4, 4),  # a managed job runs here: its GPUs stay usable
+        "a100-1": ("a100", 4, 4),  # a managed job runs here as assigned: its GPUs stay usable
         "a100-2": ("a100", 4, 0),  # in an active reservation
         "rtx-1": ("rtx", 4, 1),  # the unmanaged 2-node job holds 3 GPUs on each
         "rtx-2": ("rtx", 4, 1),
@@ -106,75 +129,173 @@ def test_snapshot_of_captured_cluster(captured: Any) -> None:
     assert sorted(jobs) == ["done-1", "failed-1", "pend-1", "requeued-1", "run-1"]
     assert jobs["pend-1"].phase is JobPhase.PENDING and jobs["pend-1"].slurm_job_id == "13"
     run = jobs["run-1"]
-    assert run.phase is JobPhase.RUNNING  # no assignment: not started by sia-slurm
+    assert run.phase is JobPhase.STARTING  # its assignment's run, no report from it yet
     assert run.config == Configuration("a100", 1, 2)
     assert run.placement == (NodeShare("a100-1", 2),)
     assert jobs["requeued-1"].phase is JobPhase.PENDING and jobs["requeued-1"].restarts == 1
     assert jobs["done-1"].phase is JobPhase.DONE and jobs["done-1"].finish_time
     assert jobs["failed-1"].phase is JobPhase.FAILED
+    # Age and owner are Slurm's (the job's submit_time and user_id), not the spec's.
+    assert jobs["pend-1"].spec.submit_time == 1795336149.0
+    assert {job.spec.owner_uid for job in jobs.values()} == {os.geteuid()}
     assert snapshot.rejected == ()  # finished jobs without files are old news, not errors
+    # Both pending jobs wait under their user's hold only (sbatch --hold, a requeuehold): the
+    # next apply puts them under the controller's; run-1 runs as granted.
+    assert backend.enforcement.requeue == {}
+    assert {k: why for k, (_, why) in backend.enforcement.hold.items()} == {
+        "pend-1": "held by its user (JobHeldUser)",
+        "requeued-1": "held by its user (JobHeldUser)",
+    }
+    # Seen for the first time; the records are written by apply, never by a snapshot (status
+    # and explain take snapshots and must change nothing).
+    assert sorted(backend.enforcement.new_records) == sorted(CAPTURED_IDS)
+    assert not any(paths.slurm_record(sia_id).exists() for sia_id in CAPTURED_IDS)
 
 
-def test_starting_until_the_first_report_since_start(captured: Any) -> None:
-    backend, _, paths = captured
-    write_document(
-        paths.assignment("run-1"),
-        Assignment("run-1", 3, "a100", "a100", 1, 2, ("a100-1",), 64, 32, 0, slurm_job_id="14"),
+def test_a_run_without_a_grant_counts_as_pending_and_its_gpus_as_taken(captured: Any) -> None:
+    backend, _, _ = captured
+    snapshot = backend.snapshot()  # run-1 runs, but the controller never assigned it anything
+    (run,) = [job for job in snapshot.jobs if job.sia_id == "run-1"]
+    assert run.phase is JobPhase.PENDING and run.config is None and run.placement == ()
+    assert run.message == (
+        "runs on GPUs the controller did not grant (no assignment from the controller); "
+        "being requeued"
     )
+    assert {n.name: n.usable_gpus for n in snapshot.nodes}["a100-1"] == 2  # 2 of 4 taken
+    ((managed, why),) = backend.enforcement.requeue.values()
+    assert (managed.sia_id, managed.current.job_id, why) == (
+        "run-1",
+        "14",
+        "no assignment from the controller",
+    )
+
+
+def test_starting_until_the_first_report_of_this_run(captured: Any) -> None:
+    backend, _, paths = captured
+    write_document(paths.assignment("run-1"), RUN_1)
     snapshot = backend.snapshot()
     run = next(job for job in snapshot.jobs if job.sia_id == "run-1")
     assert run.phase is JobPhase.STARTING and run.batch == BatchChoice(64, 32, 0)
     start = 1795336149.0  # the job's start_time in the fixture
-    write_document(paths.metrics("run-1"), report("run-1", start - 30))  # from before
-    snapshot = backend.snapshot()
-    assert next(j for j in snapshot.jobs if j.sia_id == "run-1").phase is JobPhase.STARTING
-    assert [r.time for r in snapshot.reports] == [start - 30]
-    write_document(paths.metrics("run-1"), report("run-1", start + 5))
+    # A report of an earlier run (Slurm job 11, or job 14 before a requeue), however recent,
+    # is the last run's: it neither makes the job RUNNING nor reaches the controller.
+    for job_id, restarts in (("11", 0), ("14", 1)):
+        write_document(
+            paths.metrics("run-1"),
+            report("run-1", start + 60, slurm_job_id=job_id, slurm_restart_count=restarts),
+        )
+        snapshot = backend.snapshot()
+        assert next(j for j in snapshot.jobs if j.sia_id == "run-1").phase is JobPhase.STARTING
+        assert snapshot.reports == ()
+    # One of this run, even with a time before the job's start (clocks differ): RUNNING.
+    write_document(paths.metrics("run-1"), report("run-1", start - 30))
     snapshot = backend.snapshot()
     assert next(j for j in snapshot.jobs if j.sia_id == "run-1").phase is JobPhase.RUNNING
-    assert [r.time for r in snapshot.reports] == [start + 5]
-    assert backend.snapshot().reports == ()  # each report once
+    assert [r.time for r in snapshot.reports] == [start - 30]
+    again = backend.snapshot()
+    assert again.reports == ()  # each report once
+    assert next(j for j in again.jobs if j.sia_id == "run-1").phase is JobPhase.RUNNING
+    write_document(paths.metrics("run-1"), report("run-1", start + 5))
+    assert [r.time for r in backend.snapshot().reports] == [start + 5]
 
 
 def test_bad_metrics_files_are_rejected_once_and_never_crash(captured: Any) -> None:
     backend, _, paths = captured
-    paths.spool_dir.mkdir(parents=True)
+    write_document(paths.assignment("run-1"), RUN_1)
     good = report("run-1", 100.0)
     write_document(paths.metrics("run-1"), good)
-    (paths.spool_dir / "pend-1.json").write_text("{not json")
-    (paths.spool_dir / "ghost.json").write_text(json.dumps({"sia_id": "ghost"}))
     payload = json.loads(Path(paths.metrics("run-1")).read_text())
-    (paths.spool_dir / "requeued-1.json").write_text(json.dumps({**payload, "sia_id": "other"}))
-    (paths.spool_dir / "done-1.json").write_text(
+    paths.metrics("pend-1").write_text("{not json")
+    paths.metrics("requeued-1").write_text(json.dumps({**payload, "sia_id": "other"}))
+    paths.metrics("done-1").write_text(
         json.dumps({**payload, "sia_id": "done-1", "step_time": "fast"})
     )
-    (paths.spool_dir / "failed-1.json").write_text(
+    paths.metrics("failed-1").write_text(
         json.dumps({**payload, "sia_id": "failed-1", "gpu_type": "h100"})
     )
-    (paths.spool_dir / ".run-1.json.tmp").write_text("partial")  # an atomic writer's temp file
+    (paths.job_dir("run-1") / ".metrics.json.x1.tmp").write_text("partial")  # a writer's temp
+    paths.job_dir("ghost").mkdir()  # a directory without a Slurm job: never read
+    paths.metrics("ghost").write_text("{not json")
     snapshot = backend.snapshot()
     assert [r.sia_id for r in snapshot.reports] == ["run-1"]
     text = "\n".join(snapshot.rejected)
-    assert "pend-1.json: not valid JSON" in text
-    assert "ghost.json: no managed job 'ghost' in Slurm" in text
-    assert "requeued-1.json: sia_id: 'other' does not match the file name" in text
-    assert "done-1.json: step_time: expected float, got 'fast'" in text
-    assert "failed-1.json: gpu_type: 'h100' is not a configured GPU type" in text
-    assert len(snapshot.rejected) == 5
+    assert f"{paths.metrics('pend-1')}: not valid JSON" in text
+    assert f"{paths.metrics('requeued-1')}: sia_id: 'other' is not the job's 'requeued-1'" in text
+    assert f"{paths.metrics('done-1')}: step_time: expected float, got 'fast'" in text
+    assert f"{paths.metrics('failed-1')}: gpu_type: 'h100' is not a configured GPU type" in text
+    assert "ghost" not in text
+    assert len(snapshot.rejected) == 4
     assert backend.snapshot().rejected == ()  # unchanged files are not reported again
-    (paths.spool_dir / "pend-1.json").write_text("x" * 70_000)
-    assert backend.snapshot().rejected == (
-        f"{paths.spool_dir / 'pend-1.json'}: larger than 65536 bytes",
+    paths.metrics("pend-1").write_text("x" * 70_000)
+    assert backend.snapshot().rejected == (f"{paths.metrics('pend-1')}: larger than 65536 bytes",)
+    # A symlink to a valid report elsewhere is not followed, whatever it points to.
+    elsewhere = paths.state_dir.parent / "report.json"
+    write_document(elsewhere, report("pend-1", 200.0, slurm_job_id="13"))
+    paths.metrics("pend-1").unlink()
+    paths.metrics("pend-1").symlink_to(elsewhere)
+    snapshot = backend.snapshot()
+    assert snapshot.reports == ()
+    assert snapshot.rejected == (f"{paths.metrics('pend-1')}: is a symbolic link (not followed)",)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_files_of_another_user_are_rejected_and_the_spec_cannot_claim_an_owner(
+    captured: Any,
+) -> None:
+    backend, _, paths = captured
+    write_document(paths.assignment("run-1"), RUN_1)
+    # The spec's owner and age are the user's to write, so they count for nothing.
+    write_document(
+        paths.spec("run-1"),
+        JobSpec(sia_id="run-1", app="cifar10", owner_uid=4242, submit_time=1.0),
+    )
+    write_document(paths.metrics("run-1"), report("run-1", 100.0))
+    os.chown(paths.metrics("run-1"), 4242, 4242)  # hard-linked in from another account, say
+    snapshot = backend.snapshot()
+    assert snapshot.reports == ()
+    assert snapshot.rejected == (
+        f"{paths.metrics('run-1')}: owned by uid 4242, but the job's Slurm user is uid "
+        f"{os.geteuid()}",
+    )
+    (run,) = [job for job in snapshot.jobs if job.sia_id == "run-1"]
+    assert (run.spec.owner_uid, run.spec.submit_time) == (os.geteuid(), 1795336149.0)
+    backend.apply([])  # the records of first sight are written
+    # A job directory that another account owns is not the job's: nothing in it is read.
+    os.chown(paths.job_dir("pend-1"), 4242, 4242)
+    snapshot = backend.snapshot()
+    assert "pend-1" not in {job.sia_id for job in snapshot.jobs}
+    assert snapshot.rejected == (
+        f"job pend-1: not scheduled: {paths.job_dir('pend-1')}: owned by uid 4242, but the "
+        f"job's Slurm user is uid {os.geteuid()}",
     )
 
 
-def test_metrics_from_another_user_are_rejected(captured: Any) -> None:
+def test_a_job_whose_directory_is_not_its_users_is_never_managed(captured: Any) -> None:
+    """At first sight the job's user is the owner of ``jobs/<sia_id>/``, a real directory,
+    who must also own the Slurm job: otherwise the job is not scheduled."""
     backend, _, paths = captured
-    write_document(paths.spec("run-1"), JobSpec(sia_id="run-1", app="cifar10", owner_uid=4242))
-    write_document(paths.metrics("run-1"), report("run-1", 100.0))
+    os.rename(paths.job_dir("pend-1"), paths.state_dir.parent / "real-pend-1")
+    paths.job_dir("pend-1").symlink_to(paths.state_dir.parent / "real-pend-1")
     snapshot = backend.snapshot()
-    assert snapshot.reports == ()
-    assert "owned by uid 0, but job run-1 belongs to uid 4242" in snapshot.rejected[0]
+    assert "pend-1" not in {job.sia_id for job in snapshot.jobs}
+    assert "pend-1" not in backend.enforcement.new_records
+    assert snapshot.rejected == (
+        f"job pend-1: not scheduled: Slurm job(s) 13 carry it, but {paths.job_dir('pend-1')} "
+        "is not a directory of their user",
+    )
+    assert backend.snapshot().rejected == ()  # said once
+    backend.apply([])  # records only the jobs it manages
+    assert not paths.slurm_record("pend-1").exists()
+    assert paths.slurm_record("run-1").exists()
+    if os.geteuid() == 0:  # a real directory of another account: not the job's either
+        paths.job_dir("pend-1").unlink()
+        paths.job_dir("pend-1").mkdir()
+        os.chown(paths.job_dir("pend-1"), 4242, 4242)
+        fresh = SlurmBackend(backend.config, backend.runner)  # says everything once again
+        assert fresh.snapshot().rejected == (
+            f"job pend-1: not scheduled: Slurm job(s) 13 carry it, but "
+            f"{paths.job_dir('pend-1')} is not a directory of their user",
+        )
 
 
 def test_bad_spec_is_reported_and_the_job_left_out(captured: Any) -> None:
@@ -217,7 +338,10 @@ def test_start_writes_the_assignment_before_release(fake_slurm: Any) -> None:
     )
     (result,) = backend_for(fake_slurm).apply([start("a", "rtx", ["rtx-2"], 2)])
     assert result.ok, result.message
-    assert fake_slurm.calls[1:3] == [
+    # sbatch --hold is a hold its user may release: the controller's own hold comes first, so
+    # nobody but the controller releases the job it is reshaping.
+    assert fake_slurm.calls[1] == ["scontrol", "hold", job_id]
+    assert fake_slurm.calls[2:4] == [
         [
             "scontrol",
             "update",
@@ -231,11 +355,13 @@ def test_start_writes_the_assignment_before_release(fake_slurm: Any) -> None:
         ],
         ["squeue", "--json", "--all", "--states=all"],  # read back
     ]
-    assert fake_slurm.calls[3] == ["scontrol", "release", job_id]
-    assert len(fake_slurm.calls) == 4  # never ran: no StartTime=now
+    assert fake_slurm.calls[4] == ["scontrol", "release", job_id]
+    assert len(fake_slurm.calls) == 5  # never ran: no StartTime update
     (assignment,) = seen
     assert (assignment.partition, assignment.gpus, assignment.node_list) == ("rtx", 2, ("rtx-2",))
     assert (assignment.round_index, assignment.slurm_job_id, assignment.restarts) == (1, job_id, 0)
+    assert assignment.slurm_restart_count == 0  # for the job's first run only
+    assert fake_slurm.paths.assignment("a").parent == fake_slurm.paths.control("a")
 
 
 def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> None:
@@ -243,7 +369,7 @@ def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> Non
     backend = backend_for(fake_slurm)
     assert backend.apply([start("a", "t4", ["t4-1"], 1)])[0].ok
     fake_slurm.start(job_id, ["t4-1"])
-    fake_slurm.calls.clear()
+    fake_slurm.clear_calls()
     fake_slurm.on_release = lambda _: (
         None if not fake_slurm.paths.stop_request("a").exists() else pytest.fail("stop.json left")
     )
@@ -255,21 +381,29 @@ def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> Non
         "scancel",  # --batch --signal=USR1
         "scontrol requeuehold",
         "squeue",  # until PENDING; also the view the start half works from
+        "scontrol hold",  # the requeue's hold is its user's: the controller's replaces it
         "scontrol update",
         "squeue",  # read back
         "scontrol release",
-        "scontrol update",  # StartTime=now: a requeued job waits cred_expire otherwise
+        "scontrol show",  # config: cred_expire, asked once
+        "scontrol update",  # StartTime: a requeued job waits cred_expire + 1 s otherwise
     ]
     assert fake_slurm.calls[1] == ["scancel", "--batch", "--signal=USR1", job_id]
-    assert "NumNodes=2-2" in fake_slurm.calls[4] and "NumCPUs=2" in fake_slurm.calls[4]
-    assert fake_slurm.calls[-1] == ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
+    assert "NumNodes=2-2" in fake_slurm.calls[5] and "NumCPUs=2" in fake_slurm.calls[5]
+    # Slurm delayed the requeued job to K + cred_expire + 1 (K: the requeue's second); the
+    # controller moves it to K + 2, the first second its revoked credential allows.
+    requeued_at = int(fake_slurm.time_of(["scontrol", "requeuehold", job_id]))
+    assert fake_slurm.calls[-1][:3] == ["scontrol", "update", f"JobId={job_id}"]
+    assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.nodes, assignment.gpus, assignment.restarts) == (2, 4, 1)
+    assert (assignment.slurm_job_id, assignment.slurm_restart_count) == (job_id, 1)
     assert not fake_slurm.paths.stop_request("a").exists()
-    assert not fake_slurm.paths.ack("a", 2).exists()
+    # The ack is the user's file: the controller never removes anything under jobs/.
+    assert fake_slurm.paths.ack("a", 2).exists()
 
     fake_slurm.start(job_id, ["a100-1", "a100-2"])
-    fake_slurm.calls.clear()
+    fake_slurm.clear_calls()
     (again,) = backend.apply([move("a", "a100", ["a100-1", "a100-2"], 2, round_index=2)])
     assert again.ok and "already moved" in again.message
     assert fake_slurm.verbs() == ["squeue"]  # a replay of a finished move changes nothing
@@ -295,7 +429,10 @@ def test_stops_signal_together_and_wait_together(fake_slurm: Any) -> None:
     assert 30.0 <= waited < 32.0  # one shared wait, not 10 + 10 + 30
     requeues = [c for c in fake_slurm.calls if c[:2] == ["scontrol", "requeuehold"]]
     assert requeues == [["scontrol", "requeuehold", ",".join(ids)]]
+    assert fake_slurm.calls[-1] == ["scontrol", "hold", ",".join(ids)]
     assert all(fake_slurm.job(i)["priority"] == 0 for i in ids)
+    # Under the controller's hold, which their users cannot release.
+    assert not any(fake_slurm.user_release(i) for i in ids)
     assert not any(fake_slurm.paths.stop_request(s).exists() for s in "abc")
 
 
@@ -344,10 +481,13 @@ def test_stop_after_a_crash_completes_it(fake_slurm: Any) -> None:
     fake_slurm.start(job_id, ["t4-1"])
     backend = backend_for(fake_slurm)
     fake_slurm.run(["scontrol", "requeuehold", job_id])  # what the crashed round did
-    fake_slurm.calls.clear()
+    fake_slurm.clear_calls()
     (result,) = backend.apply([Stop("a", 7)])
-    assert result.ok and fake_slurm.verbs() == ["squeue"]
+    assert result.ok, result.message
+    # Only the hold the crashed round had not issued yet: the requeue's is its user's.
+    assert fake_slurm.calls == [list(SQUEUE), ["scontrol", "hold", job_id]]
     assert fake_slurm.job(job_id)["restart_cnt"] == 1
+    assert not fake_slurm.user_release(job_id)
 
 
 def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -> None:
@@ -358,9 +498,18 @@ def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -
     fake_slurm.job(job_id).update(job_state="COMPLETED", priority=1, state_reason="None")
     (result,) = backend.apply([start("a", "t4", ["t4-2"], 1, round_index=4)])
     assert result.ok, result.message
-    assert ["scontrol", "requeuehold", job_id] in fake_slurm.calls
-    assert fake_slurm.calls[-1] == ["scontrol", "update", f"JobId={job_id}", "StartTime=now"]
-    assert read_document(Assignment, fake_slurm.paths.assignment("a")).restarts == 1
+    # The requeue leaves a hold its user may release: the controller's follows before the
+    # reshape, as for any start.
+    hold = fake_slurm.calls.index(["scontrol", "hold", job_id])
+    requeue = fake_slurm.calls.index(["scontrol", "requeuehold", job_id])
+    update = next(i for i, c in enumerate(fake_slurm.calls) if "TresPerNode=gres:gpu:1" in c)
+    assert requeue < hold < update
+    requeued_at = int(fake_slurm.time_of(["scontrol", "requeuehold", job_id]))
+    assert fake_slurm.calls[-1][:3] == ["scontrol", "update", f"JobId={job_id}"]
+    assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
+    assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
+    assert (assignment.restarts, assignment.slurm_restart_count) == (1, 1)
+    assert fake_slurm.paths.ack("a", 3).exists()  # the user's: left alone
 
 
 def test_an_update_that_does_not_take_fails_the_action(fake_slurm: Any) -> None:
@@ -384,15 +533,30 @@ def test_shrink_by_resubmission_keeps_the_sia_id(fake_slurm: Any) -> None:
     assert new != old and fake_slurm.job(old)["job_state"] == "CANCELLED"
     sbatch = next(c for c in fake_slurm.calls if c[0] == "sbatch")
     assert "--comment=sia-slurm:a" in sbatch and "--hold" in sbatch and "--nodes=1-1" in sbatch
-    assert sbatch[-1] == str(fake_slurm.paths.job_dir("a") / "batch-script")
-    assert (fake_slurm.paths.job_dir("a") / "batch-script").read_text().startswith("#!")
-    record = json.loads((fake_slurm.paths.job_dir("a") / "slurm.json").read_text())
-    assert record == {"slurm_job_id": new, "restart_base": 1, "superseded": [old]}
+    # The script is the controller's own copy, in its own tree, readable by nobody else.
+    copy = fake_slurm.paths.batch_copy("a")
+    assert copy.parent == fake_slurm.paths.control("a")
+    assert sbatch[-1] == str(copy)
+    assert copy.read_text().startswith("#!")
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    record = json.loads(fake_slurm.paths.slurm_record("a").read_text())
+    assert record == {
+        "slurm_job_id": new,
+        "user_id": os.geteuid(),  # Slurm's owner of the first job, kept across resubmissions
+        "submit_time": fake_slurm.job(old)["submit_time"],
+        "restart_base": 1,
+        "superseded": [old],
+    }
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.slurm_job_id, assignment.restarts) == (new, 1)
+    assert assignment.slurm_restart_count == 0  # the new job's first run
+    # Nothing of the controller's under the user's directory.
+    assert sorted(p.name for p in fake_slurm.paths.job_dir("a").iterdir()) == ["ack-2", "spec.json"]
     fake_slurm.start(new, ["t4-1"])
-    (job,) = [j for j in backend.snapshot().jobs if j.sia_id == "a"]
+    snapshot = backend.snapshot()
+    (job,) = [j for j in snapshot.jobs if j.sia_id == "a"]
     assert (job.slurm_job_id, job.restarts, job.phase) == (new, 1, JobPhase.STARTING)
+    assert snapshot.rejected == () and backend.enforcement.requeue == {}
 
 
 def test_orphan_of_an_interrupted_resubmission_is_cancelled(fake_slurm: Any) -> None:
@@ -411,7 +575,7 @@ def test_rebatch_rewrites_only_the_assignment(fake_slurm: Any) -> None:
     backend = backend_for(fake_slurm)
     backend.apply([start("a", "rtx", ["rtx-1"], 2)])
     fake_slurm.start(job_id, ["rtx-1"])
-    fake_slurm.calls.clear()
+    fake_slurm.clear_calls()
     (result,) = backend.apply([Rebatch("a", 2, BatchChoice(128, 32, 1))])
     assert result.ok and fake_slurm.verbs() == ["squeue"]
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
@@ -440,7 +604,7 @@ def test_one_bad_action_does_not_stop_the_others(fake_slurm: Any) -> None:
 def test_released_job_reads_starting_until_slurm_starts_it(fake_slurm: Any) -> None:
     """A job released onto its assignment is not re-decided each round while Slurm starts it,
     but one Slurm has not started within the grace period is pending again."""
-    fake_slurm.submit("a")
+    job_id = fake_slurm.submit("a")
     backend = backend_for(fake_slurm)
     (result,) = backend.apply([start("a", "rtx", ["rtx-1", "rtx-2"], 2)])
     assert result.ok, result.message
@@ -448,7 +612,18 @@ def test_released_job_reads_starting_until_slurm_starts_it(fake_slurm: Any) -> N
     assert job.phase is JobPhase.STARTING
     assert job.config == Configuration("rtx", 2, 4)
     assert [(s.node, s.gpus) for s in job.placement] == [("rtx-1", 2), ("rtx-2", 2)]
+    assert backend.enforcement.hold == {}  # released by the controller for this run
+    fake_slurm.clear_calls()
+    assert backend.apply([]) == [] and fake_slurm.calls == []
     old = time.time() - 10 * backend.config.round_seconds
     os.utime(fake_slurm.paths.assignment("a"), (old, old))
     (job,) = backend.snapshot().jobs
     assert job.phase is JobPhase.PENDING and job.config is None
+    # Not started within the grace: held again, so it can never start later on GPUs the plan
+    # has since given to another job.
+    assert {k: why for k, (_, why) in backend.enforcement.hold.items()} == {
+        "a": "released without a grant"
+    }
+    fake_slurm.clear_calls()
+    backend.apply([])
+    assert fake_slurm.calls == [["scontrol", "hold", job_id]]

@@ -42,7 +42,7 @@ def running_job(fake: Any, sia_id: str = "a") -> tuple[str, SlurmBackend]:
     backend = backend_for(fake)
     assert backend.apply([placed(Start, sia_id, 1, "t4-1")])[0].ok
     fake.start(job_id, ["t4-1"])
-    fake.calls.clear()
+    fake.clear_calls()
     return job_id, backend
 
 

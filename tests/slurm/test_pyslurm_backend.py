@@ -108,6 +108,8 @@ def test_pyslurm_job_converts_like_squeue() -> None:
     parsed = parse_job(job_record(job))
     assert (parsed.job_id, parsed.nodes, parsed.gpus_per_node) == ("7", ("t4-1", "t4-2"), (2, 2))
     assert parsed.requested_gpus_per_node == 2 and parsed.restart_count == 1
+    # Whose job it is and since when: the controller's record of the job is made from these.
+    assert (parsed.user_id, parsed.group_id, parsed.submit_time) == (1000, 1000, 1.0)
 
 
 def test_resubmit_command_line_is_exact_and_shell_free() -> None:
