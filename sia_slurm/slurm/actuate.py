@@ -37,7 +37,6 @@ held or requeued, an acknowledgement already there) and does only what is left.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -52,14 +51,15 @@ from sia_slurm.protocol import (
     ack_name,
     read_document,
     write_document,
-    write_text_atomic,
 )
 from sia_slurm.slurm import commands
+from sia_slurm.slurm.calls import SlurmCalls
 from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.commands import Shape
 from sia_slurm.slurm.jobfiles import DocumentCache
 from sia_slurm.slurm.jsonparse import SlurmJob
 from sia_slurm.slurm.managed import ManagedJob
+from sia_slurm.slurm.resubmit import ResubmissionError, must_resubmit, resubmit
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 from sia_slurm.userfiles import JobDirectory
 
@@ -139,7 +139,7 @@ class Actuator:
         self.paths = paths
         self.documents = documents
         self.observe = observe
-        self.cred_expire_s: int | None = None
+        self.calls = SlurmCalls(runner)
 
     def enforce(
         self,
@@ -156,7 +156,7 @@ class Actuator:
             if not jobs:
                 continue
             ids = {managed.current.job_id: sia_id for sia_id, (managed, _) in jobs.items()}
-            failures = self._batched(build, list(ids))
+            failures = self.calls.batched(build, list(ids))
             for job_id, sia_id in ids.items():
                 reason = jobs[sia_id][1]
                 if job_id in failures:
@@ -232,15 +232,15 @@ class Actuator:
                 running[action.sia_id] = (action, job)
         if running:
             ids = [job.job_id for _, job in running.values()]
-            self._run_quiet(commands.signal_checkpoint(ids))
+            self.calls.run_quiet(commands.signal_checkpoint(ids))
             outcomes, completed = self._wait_for_acks(running)
             for sia_id, outcome in outcomes.items():
                 book.note(running[sia_id][0], "checkpoint", outcome)
             for sia_id, job in completed.items():
                 self._settle_completed(running[sia_id][0], job, book)
             to_requeue += [entry for entry in running.values() if not book.done(entry[0])]
-        failures = self._batched(commands.requeue_hold, [job.job_id for _, job in to_requeue])
-        failures.update(self._batched(commands.hold, [job.job_id for _, job in to_hold]))
+        failures = self.calls.batched(commands.requeue_hold, [job.job_id for _, job in to_requeue])
+        failures.update(self.calls.batched(commands.hold, [job.job_id for _, job in to_hold]))
         for action, job in [*to_requeue, *to_hold]:
             if job.job_id in failures:
                 book.fail(action, f"could not hold Slurm job {job.job_id}: {failures[job.job_id]}")
@@ -263,7 +263,7 @@ class Actuator:
             job_ids = [book.details.get(id(a), {}).get("slurm_job_id", "") for a in stopped]
             # A requeuehold is a *user* hold whoever issues it (its owner could release the
             # job); the controller's own hold is an admin hold (docs/slurm-actuation.md).
-            failures = self._batched(commands.hold, [j for j in job_ids if j])
+            failures = self.calls.batched(commands.hold, [j for j in job_ids if j])
             for action, job_id in zip(stopped, job_ids, strict=True):
                 self._clean_stop_files(action)
                 if job_id in failures:
@@ -423,14 +423,14 @@ class Actuator:
             write_document(path, assignment)
             self.documents.forget(path)
             self._clean_stop_files(step.action)  # the restarted job must not see the old request
-        failures = self._batched(commands.release, [s.slurm_job_id for s in ready])
+        failures = self.calls.batched(commands.release, [s.slurm_job_id for s in ready])
         for step in ready:
             if step.restarts and not step.resubmitted and step.slurm_job_id not in failures:
                 # Slurm's requeue delay (cred_expire + 1 s) cut to what the credential needs.
-                floor = commands.relaunch_floor(step.begin_time, self._cred_expire())
+                floor = commands.relaunch_floor(step.begin_time, self.calls.cred_expire())
                 argv = commands.start_at(step.slurm_job_id, floor)
                 try:
-                    self.runner.run(argv)
+                    self.calls.run(argv)
                 except CommandError as exc:
                     failures[step.slurm_job_id] = str(exc)
         for step in ready:
@@ -475,7 +475,7 @@ class Actuator:
                 raise ActuationError(
                     f"Slurm job {job.job_id} completed its training before it could be stopped"
                 )
-            self._run(commands.requeue_hold([job.job_id]))
+            self.calls.run(commands.requeue_hold([job.job_id]))
             if self._wait_until_pending([job.job_id]):
                 raise ActuationError(f"Slurm job {job.job_id} did not return to PENDING")
             requeued = self.observe().managed.get(action.sia_id)
@@ -483,7 +483,7 @@ class Actuator:
                 raise ActuationError(f"Slurm job {job.job_id} vanished after its requeue")
             managed, job = requeued, requeued.current  # under the requeue's (user) hold
         if not job.held or job.reason in commands.USER_HOLD_REASONS:
-            self._run(commands.hold([job.job_id]))  # the controller's hold, not the user's
+            self.calls.run(commands.hold([job.job_id]))  # the controller's hold, not the user's
         return _Placement(
             action,
             shape,
@@ -501,11 +501,13 @@ class Actuator:
         for step in steps:
             job = step.job.current
             try:
-                if self._must_resubmit(job, step.shape):
+                if must_resubmit(job, step.shape, self.resubmit_shrinks):
                     self._resubmit(step)
                 else:
-                    self._run(commands.reshape(step.slurm_job_id, step.shape, job.cpus_per_task))
-            except (ActuationError, CommandError, ValueError) as exc:
+                    self.calls.run(
+                        commands.reshape(step.slurm_job_id, step.shape, job.cpus_per_task)
+                    )
+            except (ActuationError, ResubmissionError, CommandError, ValueError) as exc:
                 book.fail(step.action, str(exc))
         to_check = [s for s in steps if not book.done(s.action)]
         if not to_check:
@@ -524,51 +526,10 @@ class Actuator:
                     + "; ".join(differences),
                 )
 
-    def _must_resubmit(self, job: SlurmJob, shape: Shape) -> bool:
-        """Resubmit a node-count shrink of a job that has run when Slurm refused it in place
-        (the job sits in BadConstraints), or always when the backend was told to."""
-        shrink = job.restart_count > 0 and shape.nodes < job.node_count
-        return shrink and (self.resubmit_shrinks or job.reason == "BadConstraints")
-
     def _resubmit(self, step: _Placement) -> None:
-        """Submit the job's batch script again, held, in its new shape; record it; cancel the
-        old job. Works from a crash at any point: the script is kept in the job directory,
-        and an unrecorded new job is a stray that the next apply cancels."""
-        old = step.job.current
-        sia_id = step.action.sia_id
-        euid = os.geteuid()
-        if euid != 0 and old.user_id != euid:
-            raise ActuationError(
-                f"Slurm job {old.job_id} must be resubmitted to shrink it, which needs root "
-                f"(it belongs to uid {old.user_id})"
-            )
-        script = self.paths.batch_copy(sia_id)  # the controller's own tree: no user can swap it
-        if not script.exists():
-            text = self._run(commands.write_batch_script(old.job_id))
-            if not text.startswith("#!"):
-                raise ActuationError(
-                    f"scontrol write batch_script {old.job_id} gave no script: {text[:80]!r}"
-                )
-            write_text_atomic(script, text, mode=0o600)
-        argv = commands.resubmit(old, step.shape, script, run_as_owner=euid == 0)
-        new_id = commands.parse_parsable(self._run(argv))
-        record = step.job.record
-        replace(
-            record,
-            slurm_job_id=new_id,
-            restart_base=step.job.restarts,
-            superseded=(*record.superseded, old.job_id),
-        ).write(self.paths.slurm_record(sia_id))
-        self._run_quiet(commands.cancel([old.job_id]))
-        logger.info(
-            "[round=%d job=%s] resubmitted Slurm job %s as %s to shrink it to %d node(s)",
-            step.action.round_index,
-            sia_id,
-            old.job_id,
-            new_id,
-            step.shape.nodes,
-        )
-        step.slurm_job_id = new_id
+        """Shrink by resubmission (:mod:`sia_slurm.slurm.resubmit`); the step goes on with
+        the new Slurm job, whose restart count starts again at 0."""
+        step.slurm_job_id = resubmit(self.calls, self.paths, step.job, step.shape)
         step.restarts = step.job.restarts
         step.slurm_restart_count = 0
         step.resubmitted = True
@@ -676,42 +637,4 @@ class Actuator:
         strays = [job.job_id for job in view.strays]
         if strays:
             logger.info("cancelling leftovers of interrupted resubmissions: %s", strays)
-            self._run_quiet(commands.cancel(strays))
-
-    def _cred_expire(self) -> int:
-        """Slurm's cred_expire (asked once per process: it changes only with slurm.conf)."""
-        if self.cred_expire_s is None:
-            result = self.runner.run(list(commands.SHOW_CONFIG), check=False)
-            self.cred_expire_s = commands.parse_cred_expire(result.stdout)
-        return self.cred_expire_s
-
-    def _run(self, argv: list[str]) -> str:
-        """Run a command that must succeed; its stdout."""
-        return self.runner.run(argv).stdout
-
-    def _run_quiet(self, argv: list[str]) -> None:
-        """Run a command whose failure for some jobs is expected (they already ended)."""
-        result = self.runner.run(argv, check=False)
-        if result.returncode != 0:
-            logger.info("%s: exit %d: %s", " ".join(argv), result.returncode, result.stderr.strip())
-
-    def _batched(
-        self, build: Callable[[Sequence[str]], list[str]], job_ids: list[str]
-    ) -> dict[str, str]:
-        """Run ``build(job_ids)`` once; if it fails, job by job to find which. Returns the
-        failures by job id."""
-        if not job_ids:
-            return {}
-        try:
-            self.runner.run(build(job_ids))
-            return {}
-        except CommandError as exc:
-            if len(job_ids) == 1:
-                return {job_ids[0]: str(exc)}
-        failures = {}
-        for job_id in job_ids:
-            try:
-                self.runner.run(build([job_id]))
-            except CommandError as exc:
-                failures[job_id] = str(exc)
-        return failures
+            self.calls.run_quiet(commands.cancel(strays))

@@ -1,0 +1,63 @@
+"""``SlurmCalls``: the actuator's thin layer over the command runner.
+
+Three ways to run a Slurm command, each with the failure handling its callers need (must
+succeed, may fail for jobs that already ended, batched over jobs with the failing ones found
+one by one), and the one cluster setting actuation reads (``cred_expire``). The argv lists
+themselves are built in :mod:`sia_slurm.slurm.commands`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from sia_slurm.slurm import commands
+from sia_slurm.slurm.runner import CommandError, CommandRunner
+
+logger = logging.getLogger(__name__)
+
+
+class SlurmCalls:
+    """Runs Slurm commands through ``runner``."""
+
+    def __init__(self, runner: CommandRunner) -> None:
+        self.runner = runner
+        self._cred_expire_s: int | None = None
+
+    def run(self, argv: list[str]) -> str:
+        """Run a command that must succeed (:class:`CommandError` otherwise); its stdout."""
+        return self.runner.run(argv).stdout
+
+    def run_quiet(self, argv: list[str]) -> None:
+        """Run a command whose failure for some jobs is expected (they already ended)."""
+        result = self.runner.run(argv, check=False)
+        if result.returncode != 0:
+            logger.info("%s: exit %d: %s", " ".join(argv), result.returncode, result.stderr.strip())
+
+    def batched(
+        self, build: Callable[[Sequence[str]], list[str]], job_ids: list[str]
+    ) -> dict[str, str]:
+        """Run ``build(job_ids)`` once; if it fails, job by job to find which. Returns the
+        failures by job id."""
+        if not job_ids:
+            return {}
+        try:
+            self.runner.run(build(job_ids))
+            return {}
+        except CommandError as exc:
+            if len(job_ids) == 1:
+                return {job_ids[0]: str(exc)}
+        failures = {}
+        for job_id in job_ids:
+            try:
+                self.runner.run(build([job_id]))
+            except CommandError as exc:
+                failures[job_id] = str(exc)
+        return failures
+
+    def cred_expire(self) -> int:
+        """Slurm's cred_expire (asked once per process: it changes only with slurm.conf)."""
+        if self._cred_expire_s is None:
+            result = self.runner.run(list(commands.SHOW_CONFIG), check=False)
+            self._cred_expire_s = commands.parse_cred_expire(result.stdout)
+        return self._cred_expire_s
