@@ -4,7 +4,7 @@ Rank 0 times each uniform step: ``step_time`` is the synchronising micro-batch (
 the step: data, forward, backward) plus the gradient all-reduce after it, ``sync_time`` the
 all-reduce alone (the meaning of :class:`sia_slurm.model.Observation`). Every
 ``interval_s`` the means since the previous report are written atomically to
-``spool/<sia_id>.json`` as a :class:`~sia_slurm.protocol.MetricsReport`, with the smoothed
+``jobs/<sia_id>/metrics.json`` as a :class:`~sia_slurm.protocol.MetricsReport`, with the smoothed
 gradient noise statistics. The window restarts when the batch changes, so a report never
 mixes two configurations.
 
@@ -108,7 +108,7 @@ class MetricsReporter:
         )
         try:
             write_document(self.paths.metrics(self.env.sia_id), report)
-        except OSError as exc:  # a full or unreachable spool must not stop training
+        except OSError as exc:  # a full or unreachable state dir must not stop training
             logger.warning("metrics report not written: %s", exc)
             return None
         self.reports_written += 1

@@ -160,7 +160,7 @@ def run_round(
 def only_new_reports(snapshot: ClusterSnapshot, controller: Controller) -> ClusterSnapshot:
     """``snapshot`` without the reports the controller has already ingested.
 
-    A backend remembers which spool reports it handed on only while its process lives; under
+    A backend remembers which metrics reports it handed on only while its process lives; under
     ``--once`` every round is a new process and would hand the latest report of every job
     again, counting one measurement many times. The controller's ``last_report_time`` per job
     is persisted, so a report not newer than it is a repeat.

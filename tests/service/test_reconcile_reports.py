@@ -1,6 +1,6 @@
 """Reconcile's snapshot must not swallow the metrics reports of the round that follows it.
 
-The Slurm backend hands each spool report on once (``MetricsSpool``); reconcile takes a
+The Slurm backend hands each metrics report on once (``MetricsInbox``); reconcile takes a
 snapshot to see which jobs are live, so the round's own snapshot no longer carries the reports
 that snapshot took. The round adds them back.
 """
@@ -19,7 +19,7 @@ from tests.service.fakes import FakeCluster
 
 
 class HandsReportsOnce:
-    """The fake cluster, with reports handed on once each, as the Slurm backend's spool does."""
+    """The fake cluster, with reports handed on once each, as the Slurm backend's metrics inbox does."""
 
     def __init__(self, inner: FakeCluster) -> None:
         self.inner = inner
