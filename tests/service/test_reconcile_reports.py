@@ -19,7 +19,7 @@ from tests.service.fakes import FakeCluster
 
 
 class HandsReportsOnce:
-    """The fake cluster, with reports handed on once each, as the Slurm backend's metrics inbox does."""
+    """The fake cluster, handing each report on once, as the Slurm backend's inbox does."""
 
     def __init__(self, inner: FakeCluster) -> None:
         self.inner = inner
