@@ -82,6 +82,12 @@ class Site:
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
+    def logged_round(self) -> tuple[str, float]:
+        """One round (as :meth:`round`); what it logged, and how long it took."""
+        before = len(self.log_text())
+        seconds = self.round()
+        return self.log_text()[before:], seconds
+
     # ---- users -----------------------------------------------------------------------------
 
     def as_user(self, user: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -317,9 +323,8 @@ def test_symlinks_fifos_huge_and_bad_files_are_refused_and_rounds_go_on(
     assert site.as_user(alice, ["mkfifo", str(pipe_dir / "metrics.json")]).returncode == 0
     site.marked_job(alice, "alice-pipe")
 
-    before = len(site.log_text())
-    assert site.round() < ROUND_LIMIT_S
-    log = site.log_text()[before:]
+    log, seconds = site.logged_round()
+    assert seconds < ROUND_LIMIT_S
     jobs_dir = site.paths.jobs_dir
     for expected in (
         f"{jobs_dir}/{sia_id}/metrics.json: is a symbolic link (not followed)",
@@ -359,9 +364,7 @@ def test_forged_identity_age_and_records_are_not_believed(
     # bob's own Slurm job that carries alice's sia id
     copycat = site.marked_job(bob, sia_id)
 
-    before = len(site.log_text())
-    site.round()
-    log = site.log_text()[before:]
+    log, _ = site.logged_round()
     assert f"{mine}/metrics.json: sia_id: {bob_id!r} is not the job's {sia_id!r}" in log
     assert (
         f"job {sia_id}: Slurm job {copycat} of uid {site.accounts.bob.uid} carries the sia id "
@@ -388,9 +391,7 @@ def test_a_release_before_the_grant_is_undone(site: Site, jobs: dict[str, Any]) 
         "the launcher to refuse to train",
         lambda: out.exists() and "not training" in out.read_text(),
     )
-    before = len(site.log_text())
-    site.round()
-    log = site.log_text()[before:]
+    log, _ = site.logged_round()
     assert f"[job={sia_id}] Slurm job {job_id}: no assignment from the controller" in log
     # The run is requeued; from then on it runs only as the controller grants, and the hold
     # it waits under (if any) is the controller's, which she cannot release.
@@ -417,9 +418,7 @@ def test_a_reshape_of_a_running_job_is_undone_and_a_comment_change_does_not_unma
     shrunk = site.as_user(alice, ["scontrol", "update", f"JobId={job_id}", "NumNodes=1"])
     assert shrunk.returncode == 0, shrunk.stderr
     wait_for("the shrink", lambda: len(site.job(job_id).nodes) == 1)
-    before = len(site.log_text())
-    site.round()
-    log = site.log_text()[before:]
+    log, _ = site.logged_round()
     assert f"[job={sia_id}] Slurm job {job_id}: 1 node(s) (assigned 2)" in log
     wait_for("her job back under the controller", lambda: site.job(job_id).restart_count >= 1)
     site.round()
@@ -439,9 +438,7 @@ def test_a_requeue_by_the_user_is_undone(site: Site, jobs: dict[str, tuple[str, 
     requeued = site.as_user(alice, ["scontrol", "requeue", job_id])
     assert requeued.returncode == 0, requeued.stderr
     wait_for("her requeue", lambda: site.job(job_id).restart_count > runs)
-    before = len(site.log_text())
-    site.round()
-    log = site.log_text()[before:]
+    log, _ = site.logged_round()
     assert (
         f"[job={sia_id}] Slurm job {job_id}: released without a grant: held by the controller"
         in log

@@ -137,6 +137,18 @@ class FakeSlurm:
     def job(self, job_id: str) -> dict[str, Any]:
         return self.jobs[job_id]
 
+    def _requeue(self, job: dict[str, Any], reason: str, *, priority: int) -> None:
+        """Back to PENDING with one more restart; BeginTime delayed by cred_expire + 1 s."""
+        job.update(
+            job_state="PENDING",
+            state_reason=reason,
+            priority=priority,
+            nodes="",
+            gres_detail=[],
+            restart_cnt=job["restart_cnt"] + 1,
+            start_time=int(self.clock.now()) + self.cred_expire_s + 1,
+        )
+
     def user_release(self, job_id: str) -> bool:
         """The job's user runs ``scontrol release``: it takes on a user hold only (22.05.8:
         an admin hold answers "Access/permission denied"). Whether it took."""
@@ -151,15 +163,7 @@ class FakeSlurm:
         Reason=BeginTime, one more restart (22.05.8)."""
         job = self.jobs[job_id]
         assert job["job_state"] == "RUNNING", job
-        job.update(
-            job_state="PENDING",
-            state_reason="BeginTime",
-            priority=1,
-            nodes="",
-            gres_detail=[],
-            restart_cnt=job["restart_cnt"] + 1,
-            start_time=int(self.clock.now()) + self.cred_expire_s + 1,
-        )
+        self._requeue(job, "BeginTime", priority=1)
 
     def clear_calls(self) -> None:
         self.calls.clear()
@@ -215,16 +219,7 @@ class FakeSlurm:
         for job_id in argv[2].split(","):
             job = self.jobs[job_id]
             if verb == "requeuehold":
-                # A user hold whoever issues it; BeginTime delayed by cred_expire + 1 s.
-                job.update(
-                    job_state="PENDING",
-                    state_reason="JobHeldUser",
-                    priority=0,
-                    nodes="",
-                    gres_detail=[],
-                    restart_cnt=job["restart_cnt"] + 1,
-                    start_time=int(self.clock.now()) + self.cred_expire_s + 1,
-                )
+                self._requeue(job, "JobHeldUser", priority=0)  # a user hold, whoever asks
                 delay = self.completing_s.get(job["comment"].split(":", 1)[-1], 0.0)
                 if delay > 0:
                     job.update(job_state="COMPLETING")
