@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,19 @@ def ensure_test_accounts() -> TestAccounts:
         alice=ensure_account(ALICE, system=False),
         bob=ensure_account(BOB, system=False),
     )
+
+
+@dataclass(frozen=True)
+class SharedTmp:
+    """A base directory every account may traverse; :meth:`mktemp` makes unique ones in it."""
+
+    base: Path
+
+    def mktemp(self, name: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:60]
+        path = Path(tempfile.mkdtemp(prefix=f"{safe}-", dir=self.base))
+        path.chmod(0o711)
+        return path
 
 
 def grant_traverse(path: Path) -> list[Path]:

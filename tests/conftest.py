@@ -11,14 +11,22 @@ skipped (CI installs the Debian packages; see scripts/install.sh).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
-from tests.accounts import TestAccounts, ensure_test_accounts, grant_traverse, share_python
+from tests.accounts import (
+    SharedTmp,
+    TestAccounts,
+    ensure_test_accounts,
+    grant_traverse,
+    share_python,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 # Tests use their own port range so that a developer's `dev-cluster up` can keep running.
@@ -46,15 +54,32 @@ def shared_python(test_accounts: TestAccounts) -> str:
 
 
 @pytest.fixture(scope="session")
+def shared_tmp(test_accounts: TestAccounts) -> Iterator[SharedTmp]:
+    """Directories other accounts can traverse (slurmctld as siasvc, the controller, the test
+    users' jobs), outside pytest's own temporary root: pytest resets /tmp/pytest-of-<user> to
+    0700 whenever another pytest session starts, which would cut those accounts off mid-run."""
+    base = Path(tempfile.mkdtemp(prefix="sia-tests-"))
+    base.chmod(0o711)
+    grant_traverse(base)
+    try:
+        yield SharedTmp(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_tmp_path(shared_tmp: SharedTmp, request: pytest.FixtureRequest) -> Path:
+    """A fresh directory per test under :func:`shared_tmp` (mode 0711)."""
+    return shared_tmp.mktemp(request.node.name)
+
+
+@pytest.fixture(scope="session")
 def dev_cluster(
-    tmp_path_factory: pytest.TempPathFactory,
+    shared_tmp: SharedTmp,
     dev_cluster_spec: DevClusterSpec,
     test_accounts: TestAccounts,
 ) -> Iterator[DevCluster]:
-    root = tmp_path_factory.mktemp("dev-cluster")
-    # pytest makes its temporary directories 0700; slurmctld (as siasvc) and every user's
-    # client commands must reach slurm.conf and the munge socket in there.
-    grant_traverse(root)
+    root = shared_tmp.mktemp("dev-cluster")
     cluster = DevCluster(root, port_base=TEST_PORT_BASE, slurm_user=test_accounts.service.name)
     cluster.up(dev_cluster_spec)
     try:

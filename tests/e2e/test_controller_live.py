@@ -48,7 +48,7 @@ from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
-from tests.accounts import SERVICE_ACCOUNT, TestAccounts, grant_traverse  # noqa: E402
+from tests.accounts import SERVICE_ACCOUNT, TestAccounts  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -290,12 +290,12 @@ def site(
     dev_cluster: DevCluster,
     slurm_env: dict[str, str],
     test_accounts: TestAccounts,
-    tmp_path: Path,
+    shared_tmp_path: Path,
 ) -> Iterator[Site]:
     """The controller runs as the service account on a tree made by ``sia-slurm setup``; the
     jobs are root's (the controller is no more privileged for them)."""
+    tmp_path = shared_tmp_path  # the service account must reach it
     paths = StatePaths(tmp_path / "state")
-    grant_traverse(tmp_path)
     service = test_accounts.service
     set_up(paths.state_dir, service.uid, service.gid)
     config_path = tmp_path / "sia.yaml"

@@ -33,7 +33,7 @@ from sia_slurm.core import JobKind
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.protocol import Assignment, JobSpec, StatePaths, read_document, to_json
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
-from tests.accounts import TestAccounts, grant_traverse, run_as
+from tests.accounts import SharedTmp, TestAccounts, run_as
 
 pytestmark = pytest.mark.slurm
 
@@ -187,10 +187,9 @@ def site(
     dev_cluster: DevCluster,
     test_accounts: TestAccounts,
     shared_python: str,
-    tmp_path_factory: pytest.TempPathFactory,
+    shared_tmp: SharedTmp,
 ) -> Iterator[Site]:
-    root = tmp_path_factory.mktemp("shared-site")
-    grant_traverse(root)
+    root = shared_tmp.mktemp("shared-site")
     state = root / "state"
     setup = subprocess.run(
         [PYTHON, "-m", "sia_slurm.cli", "setup", "--state-dir", str(state), "--user", "siasvc"],

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from sia_slurm.devcluster import DevCluster
+from sia_slurm.slurm import commands
 from sia_slurm.slurm.inventory import parse_records
-from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, grant_traverse, run_as
+from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, run_as
 
 pytestmark = pytest.mark.slurm
 
@@ -99,11 +100,12 @@ def refused(result: subprocess.CompletedProcess[str], message: str, code: int = 
 
 
 @pytest.fixture
-def slurm(dev_cluster: DevCluster, test_accounts: TestAccounts, tmp_path: Path) -> Iterator[Slurm]:
-    """A work directory owned by siaalice (her jobs' scripts and output), reachable through
-    pytest's 0700 directories; every job left is cancelled afterwards."""
-    grant_traverse(tmp_path)
-    workdir = tmp_path / "alice"
+def slurm(
+    dev_cluster: DevCluster, test_accounts: TestAccounts, shared_tmp_path: Path
+) -> Iterator[Slurm]:
+    """A work directory owned by siaalice (her jobs' scripts and output), in a directory every
+    account can traverse; every job left is cancelled afterwards."""
+    workdir = shared_tmp_path / "alice"
     workdir.mkdir()
     (workdir / "job.sh").write_text(JOB_SCRIPT)
     os.chown(workdir, test_accounts.alice.uid, test_accounts.alice.gid)
@@ -193,7 +195,7 @@ def test_the_service_accounts_hold_is_one_the_user_cannot_release(slurm: Slurm) 
 
 
 def test_the_service_account_reshapes_releases_signals_and_requeues_her_job(
-    slurm: Slurm, tmp_path: Path, test_accounts: TestAccounts
+    slurm: Slurm, shared_tmp_path: Path, test_accounts: TestAccounts
 ) -> None:
     job = held_job(slurm)
     reshape = (
@@ -220,7 +222,7 @@ def test_the_service_account_reshapes_releases_signals_and_requeues_her_job(
         time.sleep(0.2)
 
     # The batch script: SlurmUser may fetch it; scontrol writes the file itself, as siasvc.
-    svc_dir = tmp_path / "svc"
+    svc_dir = shared_tmp_path / "svc"
     svc_dir.mkdir()
     os.chown(svc_dir, test_accounts.service.uid, test_accounts.service.gid)
     target = svc_dir / "script"
@@ -280,9 +282,14 @@ def test_a_user_on_her_own_running_job(slurm: Slurm) -> None:
     assert (record["Reason"], record["Restarts"]) == ("BeginTime", "1")
     view = slurm.squeue(job)
     assert view["priority"] > 0 and view["restart_cnt"] == 1
-    # The requeue made the job updatable again; the service account clears its BeginTime.
+    # The requeue made the job updatable again; the service account cuts its BeginTime to
+    # what the revoked credential needs (StartTime=now could relaunch it in the second of the
+    # kill, which slurmd refuses: docs/slurm-actuation.md, "The credential race").
     assert ok(slurm.as_user(SERVICE_ACCOUNT, *update, "Comment=svc-after-requeue"))
-    assert ok(slurm.as_user(SERVICE_ACCOUNT, *update, "StartTime=now"))
+    cred_expire = slurm.cluster.layout.cred_expire_s
+    floor = commands.relaunch_floor(float(view["start_time"]), cred_expire)
+    (start,) = commands.start_at(job, floor)[3:]
+    assert ok(slurm.as_user(SERVICE_ACCOUNT, *update, start))
     record = slurm.wait_state(job, "RUNNING", timeout_s=20)  # well before cred_expire (30 s)
     assert (record["Comment"], record["Restarts"]) == ("svc-after-requeue", "1")
 
