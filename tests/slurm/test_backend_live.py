@@ -2,8 +2,9 @@
 
 One job goes through start, moves across GPU types and sizes (1 -> 2 -> 4 GPUs on 2 nodes),
 an in-place shrink, a shrink by resubmission, replays, a rebatch and a stop; its counter must
-continue across every restart. Requeued jobs restart within seconds because the backend clears
-the BeginTime delay (``StartTime=now``), so the whole module takes well under a minute.
+continue across every restart. Requeued jobs restart within seconds because the backend cuts
+the BeginTime delay to what the revoked credential needs, so the whole module takes well under
+a minute.
 """
 
 from __future__ import annotations
