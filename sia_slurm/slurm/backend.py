@@ -206,6 +206,11 @@ class SlurmBackend:
             enforcement.requeue[sia_id] = (managed, reason)
             message = f"runs on GPUs the controller did not grant ({reason}); being requeued"
             return self._job(managed, spec, JobPhase.PENDING, message, assignment), None
+        if job.completing and not _granted_run(job, assignment):
+            # Requeued by someone else (its user, Slurm): back to PENDING once Slurm has its
+            # GPUs back, so it must not be kept where it was as if it ran there.
+            message = "requeued outside the controller; Slurm is taking its GPUs back"
+            return self._job(managed, spec, JobPhase.PENDING, message, assignment), None
         phase, message = job_phase(
             job,
             has_assignment=assignment is not None,
@@ -286,10 +291,7 @@ class SlurmBackend:
             return False
         if assignment is None or len(assignment.node_list) != assignment.nodes:
             return False
-        if (assignment.slurm_job_id, assignment.slurm_restart_count) != (
-            job.job_id,
-            job.restart_count,
-        ):
+        if not _granted_run(job, assignment):
             return False
         try:
             written = os.stat(self.paths.assignment(assignment.sia_id)).st_mtime
@@ -421,6 +423,16 @@ def build_backend(
 
         return PyslurmBackend(config, runner, clock)
     return SlurmBackend(config, runner, clock)
+
+
+def _granted_run(job: SlurmJob, assignment: Assignment | None) -> bool:
+    """Whether ``assignment`` was written for ``job``'s current Slurm run."""
+    if assignment is None:
+        return False
+    return (assignment.slurm_job_id, assignment.slurm_restart_count) == (
+        job.job_id,
+        job.restart_count,
+    )
 
 
 def _batch_of(assignment: Assignment) -> BatchChoice:

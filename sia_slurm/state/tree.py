@@ -50,15 +50,23 @@ def set_up(state_dir: Path, uid: int, gid: int) -> list[str]:
         if not os.path.lexists(entry.path):  # a dangling symlink is there, not missing
             entry.path.mkdir(mode=0o700)
             done.append(f"created {entry.path}")
-        info = os.stat(entry.path, follow_symlinks=False)
-        if not stat.S_ISDIR(info.st_mode):
-            raise NotADirectoryError(f"{entry.path}: not a directory; move it aside first")
-        if (info.st_uid, info.st_gid) != (uid, gid):
-            os.chown(entry.path, uid, gid, follow_symlinks=False)
-            done.append(f"owner of {entry.path}: {info.st_uid}:{info.st_gid} -> {uid}:{gid}")
-        if stat.S_IMODE(info.st_mode) != entry.mode:
-            chmod_dir(entry.path, entry.mode)
-            done.append(f"mode of {entry.path}: {stat.S_IMODE(info.st_mode):o} -> {entry.mode:o}")
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise NotADirectoryError(
+                f"{entry.path}: not a directory; move it aside first"
+            ) from None
+        try:  # owner and mode set on the descriptor: nothing swapped in meanwhile is touched
+            info = os.fstat(fd)
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                os.fchown(fd, uid, gid)
+                done.append(f"owner of {entry.path}: {info.st_uid}:{info.st_gid} -> {uid}:{gid}")
+            if stat.S_IMODE(info.st_mode) != entry.mode:
+                os.fchmod(fd, entry.mode)
+                mode = stat.S_IMODE(info.st_mode)
+                done.append(f"mode of {entry.path}: {mode:o} -> {entry.mode:o}")
+        finally:
+            os.close(fd)
     return done
 
 

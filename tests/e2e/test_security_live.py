@@ -322,6 +322,14 @@ def test_symlinks_fifos_huge_and_bad_files_are_refused_and_rounds_go_on(
     assert site.as_user(alice, ["mkfifo", str(pipe_dir / "metrics.json")]).returncode == 0
     site.marked_job(alice, "alice-pipe")
 
+    # ... and one whose spec is a symlink to a valid spec (the link itself is the attack).
+    valid = json.dumps(to_json(JobSpec(sia_id="alice-link", app="cifar10")))
+    link_dir = site.job_dir_of(alice, "alice-link", None)
+    site.write_as(alice, link_dir / "real.json", valid)
+    linked = site.as_user(alice, ["ln", "-s", "real.json", str(link_dir / "spec.json")])
+    assert linked.returncode == 0, linked.stderr
+    site.marked_job(alice, "alice-link")
+
     log, seconds = site.logged_round()
     assert seconds < ROUND_LIMIT_S
     jobs_dir = site.paths.jobs_dir
@@ -331,6 +339,7 @@ def test_symlinks_fifos_huge_and_bad_files_are_refused_and_rounds_go_on(
         f"{jobs_dir}/alice-garbage/spec.json: not valid JSON",
         f"{jobs_dir}/alice-huge/metrics.json: larger than 65536 bytes",
         f"{jobs_dir}/alice-pipe/metrics.json: not a regular file",
+        f"{jobs_dir}/alice-link/spec.json: cannot read: is a symbolic link (not followed)",
     ):
         assert expected in log, expected
     assert sha256(site.sentinel) == site.sentinel_sum
@@ -394,7 +403,7 @@ def test_a_release_before_the_grant_is_undone(site: Site, jobs: dict[str, Any]) 
     assert f"[job={sia_id}] Slurm job {job_id}: no assignment from the controller" in log
     # The run is requeued; from then on it runs only as the controller grants, and the hold
     # it waits under (if any) is the controller's, which she cannot release.
-    wait_for("the requeue", lambda: site.job(job_id).restart_count >= 1)
+    wait_for("the requeue", lambda: site.job(job_id).state == "PENDING")
     site.round()
 
     wait_for("the job under the controller", lambda: site.under_control(job_id, sia_id))
@@ -419,7 +428,7 @@ def test_a_reshape_of_a_running_job_is_undone_and_a_comment_change_does_not_unma
     wait_for("the shrink", lambda: len(site.job(job_id).nodes) == 1)
     log, _ = site.logged_round()
     assert f"[job={sia_id}] Slurm job {job_id}: 1 node(s) (assigned 2)" in log
-    wait_for("her job back under the controller", lambda: site.job(job_id).restart_count >= 1)
+    wait_for("the requeue done", lambda: site.job(job_id).state == "PENDING")
     site.round()
     wait_for(
         "her job running as assigned again", lambda: site.runs_as_assigned(job_id, sia_id), 120
@@ -437,6 +446,7 @@ def test_a_requeue_by_the_user_is_undone(site: Site, jobs: dict[str, tuple[str, 
     requeued = site.as_user(alice, ["scontrol", "requeue", job_id])
     assert requeued.returncode == 0, requeued.stderr
     wait_for("her requeue", lambda: site.job(job_id).restart_count > runs)
+    wait_for("her requeue done", lambda: site.job(job_id).state == "PENDING")
     log, _ = site.logged_round()
     assert (
         f"[job={sia_id}] Slurm job {job_id}: released without a grant: held by the controller"
@@ -451,7 +461,10 @@ def test_root_is_untouched_and_the_honest_user_was_scheduled_throughout(
 ) -> None:
     assert sha256(site.sentinel) == site.sentinel_sum
     bob_job, bob_id = jobs["bob"]
-    assert site.runs_as_assigned(bob_job, bob_id)
+    # The policy may have moved his job meanwhile (a restart of its own): it runs as assigned
+    # once that restart is through, and it never failed.
+    wait_for("bob's job as assigned", lambda: site.runs_as_assigned(bob_job, bob_id), 120)
+    assert not site.job(bob_job).finished
     with sqlite3.connect(site.paths.state_dir / "sia.db") as db:
         (reported,) = db.execute(
             "SELECT last_report_time FROM jobs WHERE sia_id = ?", (bob_id,)

@@ -302,3 +302,18 @@ def test_a_recorded_job_stays_managed_when_its_comment_is_rewritten(fake_slurm: 
     fake_slurm.clear_calls()
     backend.apply([])
     assert fake_slurm.calls == [["scontrol", "requeuehold", job_id]]
+
+
+def test_a_run_requeued_outside_the_controller_is_pending_while_it_completes(
+    fake_slurm: Any,
+) -> None:
+    """While Slurm takes back the GPUs of a run someone else requeued (COMPLETING, one more
+    restart), the job is PENDING: kept where it was, it would never be started again."""
+    job_id, backend = started(fake_slurm, "a", ["rtx-1"])
+    job = fake_slurm.jobs[job_id]
+    job.update(job_state="COMPLETING", restart_cnt=job["restart_cnt"] + 1)
+    snapshot = job_of(backend.snapshot(), "a")
+    assert (snapshot.phase, snapshot.config) == (JobPhase.PENDING, None)
+    assert snapshot.message == "requeued outside the controller; Slurm is taking its GPUs back"
+    job.update(restart_cnt=job["restart_cnt"] - 1)  # the granted run completing: not judged
+    assert job_of(backend.snapshot(), "a").phase is not JobPhase.PENDING
