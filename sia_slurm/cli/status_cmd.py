@@ -177,6 +177,11 @@ def status(
             )
         last = store.last_round()
         pending = len(Journal(store).pending())
+        given_up = [
+            {"journal_id": e.id, "round": e.round_index, "job": e.sia_id, "kind": e.kind,
+             "message": e.message}
+            for e in Journal(store).given_up()
+        ]  # fmt: skip
         gpus = gpu_table(store, snapshot)
         jobs = job_lines(store, snapshot, show_all)
     if as_json:
@@ -187,6 +192,7 @@ def status(
                     "live": snapshot is not None,
                     "last_round": None if last is None else last.round_index,
                     "pending_actions": pending,
+                    "given_up_actions": given_up,
                     "gpu_types": gpus,
                     "jobs": [asdict(line) for line in jobs],
                 },
@@ -201,6 +207,11 @@ def status(
     click.echo(f"state: {config.db_path}; last round: {when}; policy: {config.policy.name}")
     if pending:
         click.echo(f"pending actions: {pending} (re-applied at the next round)")
+    for entry in given_up:
+        click.echo(
+            f"given up: [round={entry['round']} job={entry['job']}] {entry['kind']}: "
+            f"{entry['message']}"
+        )
     click.echo("")
     rows = [[t, str(c["total"]), str(c["usable"]), str(c["allocated"])] for t, c in gpus.items()]
     for line in _table(["GPU TYPE", "TOTAL", "USABLE", "ALLOCATED"], rows):

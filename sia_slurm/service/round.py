@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 PRUNE_EVERY = 60  # rounds between prunings of old history
+# A journaled action whose apply raised this many times is given up (marked failed, logged at
+# ERROR, shown by `status`): a poison action must not be retried, or block a round, for ever.
+MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,8 @@ def _apply(
         if not actions:
             logger.exception("applying no actions (enforcement only) failed: %s", exc)
             return [], f"apply failed: {type(exc).__name__}: {exc}"
+        with store.transaction():
+            journal.count_attempt(ids, f"apply raised: {type(exc).__name__}: {exc}")
         round_index = actions[0].round_index
         logger.exception(
             "[round=%d] applying %d action(s) failed: %s; they stay pending and are re-applied "
@@ -286,6 +291,11 @@ def reconcile(
         for entry in pending:
             if entry.action is None:
                 journal.mark(entry.id, False, f"cannot be re-applied: {entry.error}", now)
+            elif entry.attempts >= MAX_ATTEMPTS:
+                why = f"given up after {entry.attempts} attempts; last: {entry.message}"
+                journal.mark(entry.id, False, why, now, attempted=False)
+                logger.error("[round=%d job=%s] %s %s", entry.round_index, entry.sia_id,
+                             entry.kind, why)  # fmt: skip
             elif entry.sia_id not in live:
                 journal.mark(entry.id, False, "job gone (finished or removed) before the "
                              "action was confirmed; not re-applied", now)  # fmt: skip
@@ -301,15 +311,17 @@ def reconcile(
                 job=entry.sia_id,
                 kind=entry.kind,
                 result="failed",
-                result_message=entry.error or "job gone",
+                result_message=entry.error
+                or ("given up" if entry.attempts >= MAX_ATTEMPTS else "job gone"),
                 journal_id=entry.id,
                 recovered=True,
             )
     if not retry:
         return ReconcileReport(failed=len(pending), reports=seen)
     actions = [entry.action for entry in retry if entry.action is not None]
-    results = list(backend.apply(actions))
-    settled = _match(actions, [entry.id for entry in retry], results)
+    ids = [entry.id for entry in retry]
+    results = _reapply(store, journal, backend, actions, ids)
+    settled = _match(actions, ids, results)
     with store.transaction():
         for entry_id, result in settled:
             journal.mark(entry_id, result.ok, f"re-applied: {result.message}".strip(), clock())
@@ -323,6 +335,32 @@ def reconcile(
     ok = sum(result.ok for _, result in settled)
     logger.info("reconciled %d pending action(s): %d re-applied", len(pending), ok)
     return ReconcileReport(reapplied=ok, failed=len(pending) - ok, reports=seen)
+
+
+def _reapply(
+    store: Store,
+    journal: Journal,
+    backend: ClusterBackend,
+    actions: Sequence[Action],
+    ids: Sequence[int],
+) -> list[ActionResult]:
+    """Re-apply ``actions`` together; if that raises, one by one, so that one poison action
+    neither blocks the others nor stops the round. An action whose apply raised stays pending
+    with one more attempt (given up at :data:`MAX_ATTEMPTS`)."""
+    try:
+        return list(backend.apply(actions))
+    except Exception as exc:
+        logger.warning("re-applying %d pending action(s) raised (%s); one by one", len(ids), exc)
+    results: list[ActionResult] = []
+    for action, entry_id in zip(actions, ids, strict=True):
+        try:
+            results += backend.apply([action])
+        except Exception as exc:
+            message = f"apply raised: {type(exc).__name__}: {exc}"
+            logger.warning("[round=%d job=%s] %s", action.round_index, action.sia_id, message)
+            with store.transaction():
+                journal.count_attempt([entry_id], message)
+    return results
 
 
 def _finish(

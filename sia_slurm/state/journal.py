@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sia_slurm.cluster import Action, ActionResult
+from sia_slurm.cluster import Action
 from sia_slurm.state.codec import CodecError, action_from_row, action_kind, action_payload
 from sia_slurm.state.store import Store
 
@@ -71,22 +71,37 @@ class Journal:
             ids.append(int(cursor.lastrowid or 0))
         return ids
 
-    def mark(self, entry_id: int, ok: bool, message: str, now: float) -> None:
-        """Settle one entry as done or failed (call inside a transaction)."""
+    def mark(
+        self, entry_id: int, ok: bool, message: str, now: float, *, attempted: bool = True
+    ) -> None:
+        """Settle one entry as done or failed (call inside a transaction); ``attempted``: the
+        result comes from an attempt at it (not from giving it up unapplied)."""
         self.store.conn.execute(
-            "UPDATE actions SET state = ?, message = ?, finished = ?, attempts = attempts + 1 "
+            "UPDATE actions SET state = ?, message = ?, finished = ?, attempts = attempts + ? "
             "WHERE id = ?",
-            (DONE if ok else FAILED, message, now, entry_id),
+            (DONE if ok else FAILED, message, now, int(attempted), entry_id),
         )
 
-    def mark_results(self, ids: Sequence[int], results: Sequence[ActionResult], now: float) -> None:
-        """Settle ``ids`` from the backend's results (same order as the actions applied)."""
-        for entry_id, result in zip(ids, results, strict=True):
-            self.mark(entry_id, result.ok, result.message, now)
+    def count_attempt(self, entry_ids: Sequence[int], message: str) -> None:
+        """One more attempt at entries that stay pending (their apply raised); ``message`` is
+        why, shown by ``status`` until the entry is settled (call inside a transaction)."""
+        for entry_id in entry_ids:
+            self.store.conn.execute(
+                "UPDATE actions SET attempts = attempts + 1, message = ? WHERE id = ? AND "
+                "state = ?",
+                (message, entry_id, PENDING),
+            )
 
     def pending(self) -> list[JournalEntry]:
         """Entries not yet settled, oldest first (the order they must be re-applied in)."""
         return self._select("WHERE state = ? ORDER BY id", (PENDING,))
+
+    def given_up(self, limit: int = 10) -> list[JournalEntry]:
+        """The newest entries given up after too many attempts (``status`` lists them)."""
+        return self._select(
+            "WHERE state = ? AND message LIKE 'given up%' ORDER BY id DESC LIMIT ?",
+            (FAILED, limit),
+        )
 
     def entries(self, round_index: int | None = None) -> list[JournalEntry]:
         """Every entry (of one round), oldest first."""

@@ -8,7 +8,8 @@ batch. Every action is idempotent as the real backend's must be: re-applying a d
 changes nothing, and a half-done ``Move`` (stopped, not restarted) is completed. GPUs are never
 over-committed (an action that would is refused). Faults for crash tests: ``crash_after``
 (``os._exit`` after that many actions were applied and saved), ``raise_after`` (an exception
-instead), ``slow_snapshot_s`` (a snapshot that takes time, to hold the controller lock).
+instead), ``poison`` (an exception at any action of those jobs), ``slow_snapshot_s`` (a
+snapshot that takes time, to hold the controller lock).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class FakeCluster:
     crash_after: int | None = None
     crash_in_process: bool = False  # raise Crash instead of os._exit
     raise_after: int | None = None
+    poison: frozenset[str] = frozenset()  # sia ids whose actions make apply raise
     slow_snapshot_s: float = 0.0
     time: float = 0.0
     jobs: dict[str, FakeJob] = field(default_factory=dict)
@@ -168,6 +170,8 @@ class FakeCluster:
                 self._crash()
             if self.raise_after is not None and count >= self.raise_after:
                 raise RuntimeError(f"injected failure after {count} action(s)")
+            if action.sia_id in self.poison:
+                raise RuntimeError(f"injected failure at {action.sia_id}")
             ok, message = self._apply_one(action)
             results.append(ActionResult(action, ok, message))
             self._save()

@@ -11,6 +11,7 @@ from sia_slurm.cluster import Action, ActionResult, ClusterSnapshot, Start
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import JobSpec
 from sia_slurm.service import open_controller, reconcile, run_round
+from sia_slurm.service.round import MAX_ATTEMPTS
 from sia_slurm.state import DONE, FAILED, PENDING, SKIPPED, Journal, Store
 from tests.service.fakes import FakeCluster
 
@@ -204,3 +205,55 @@ class Fixed:
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         return self.inner.apply(actions)
+
+
+def test_a_poison_action_is_given_up_and_never_blocks_the_others(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    """An action whose apply raises every time is retried, counted, and given up after
+    MAX_ATTEMPTS (failed, with why); the other job's action, journaled in the same round,
+    goes through at the first re-apply (one by one), and no round raises."""
+    submit(cluster, 2)
+    broken = FakeCluster(cluster.path, poison=frozenset({"job0"}))
+    report = one_round(config, broken, store)  # both journaled; the batch raises
+    assert report.error.startswith("apply failed: RuntimeError")
+    entries = {e.sia_id: e for e in Journal(store).entries()}
+    assert {s: (e.state, e.attempts) for s, e in entries.items()} == {
+        "job0": (PENDING, 1),
+        "job1": (PENDING, 1),
+    }
+    assert entries["job0"].message == "apply raised: RuntimeError: injected failure at job0"
+    first = entries["job0"].id
+    for _ in range(MAX_ATTEMPTS + 1):
+        one_round(config, broken, store)  # never raises
+    broken._load()
+    assert broken.jobs["job1"].launches == 1 and broken.jobs["job0"].launches == 0
+    given_up = next(e for e in Journal(store).entries() if e.id == first)
+    assert given_up.state == FAILED
+    assert given_up.message == (
+        f"given up after {MAX_ATTEMPTS} attempts; last: apply raised: RuntimeError: "
+        "injected failure at job0"
+    )
+    # each round decides job0 afresh; none of its entries is retried beyond the bound
+    assert all(e.attempts <= MAX_ATTEMPTS for e in Journal(store).entries())
+
+
+def test_status_lists_given_up_actions(
+    config: SiaConfig, store: Store, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from sia_slurm.cli.main import cli
+
+    submit(cluster, 1)
+    broken = FakeCluster(cluster.path, poison=frozenset({"job0"}))
+    for _ in range(MAX_ATTEMPTS + 1):
+        one_round(config, broken, store)
+    store.conn.commit()
+    result = CliRunner().invoke(
+        cli, ["status", "--offline", "--json", "--config", str(config.path)]
+    )
+    assert result.exit_code == 0, result.output
+    (entry, *_) = json.loads(result.output)["given_up_actions"]
+    assert entry["job"] == "job0" and entry["kind"] == "start"
+    assert entry["message"].startswith(f"given up after {MAX_ATTEMPTS} attempts; last: ")
