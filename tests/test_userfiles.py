@@ -18,7 +18,6 @@ from sia_slurm.userfiles import JobDirectory, UserFileError
 
 ME = os.geteuid()
 OTHER_UID = 4242
-as_root = pytest.mark.skipif(ME != 0, reason="chown to another uid needs root")
 
 
 @pytest.fixture
@@ -118,7 +117,6 @@ def test_a_fifo_does_not_block_the_reader(jobs: Path) -> None:
         promptly(lambda: read_document(JobSpec, fifo), fifo)
 
 
-@as_root
 def test_a_file_of_another_account_is_refused(jobs: Path) -> None:
     """E.g. another user's file hard-linked into the job's directory."""
     os.chown(jobs / "a" / "spec.json", OTHER_UID, OTHER_UID)
@@ -133,7 +131,6 @@ def test_a_file_of_another_account_is_refused(jobs: Path) -> None:
         assert not directory.has_own_file("ack-3")
 
 
-@as_root
 def test_a_job_directory_of_another_account_is_refused(jobs: Path) -> None:
     os.chown(jobs / "a", OTHER_UID, OTHER_UID)
     with pytest.raises(

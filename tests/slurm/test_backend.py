@@ -238,7 +238,6 @@ def test_bad_metrics_files_are_rejected_once_and_never_crash(captured: Any) -> N
     assert snapshot.rejected == (f"{paths.metrics('pend-1')}: is a symbolic link (not followed)",)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 def test_files_of_another_user_are_rejected_and_the_spec_cannot_claim_an_owner(
     captured: Any,
 ) -> None:

@@ -17,7 +17,6 @@ from sia_slurm.state.tree import check, prepare, set_up
 
 ME, MY_GROUP = os.geteuid(), os.getegid()
 OTHER_UID = 4242
-as_root = pytest.mark.skipif(ME != 0, reason="chown to another uid needs root")
 
 
 def modes(state: Path) -> dict[str, int]:
@@ -67,7 +66,6 @@ def test_setup_repairs_the_modes_of_an_existing_tree(state: Path) -> None:
     assert modes(state)["jobs"] == 0o1777 and check(state, ME) == []
 
 
-@as_root
 def test_setup_gives_the_tree_to_the_service_account(tmp_path: Path) -> None:
     path = tmp_path / "state"
     done = set_up(path, OTHER_UID, OTHER_UID)
@@ -124,7 +122,6 @@ def test_a_directory_others_may_write(state: Path, name: str, mode: int) -> None
     )
 
 
-@as_root
 def test_a_directory_of_another_account(state: Path) -> None:
     os.chown(state / "control", OTHER_UID, OTHER_UID)
     (problem,) = check(state, ME)
@@ -134,7 +131,6 @@ def test_a_directory_of_another_account(state: Path) -> None:
     assert "sia-slurm setup" in problem
 
 
-@as_root
 def test_a_root_owned_jobs_directory_is_accepted_for_a_service_account(tmp_path: Path) -> None:
     path = tmp_path / "state"
     set_up(path, OTHER_UID, OTHER_UID)
@@ -187,7 +183,6 @@ def test_prepare_leaves_an_unsafe_tree_alone_and_says_why(state: Path) -> None:
     assert (state / "jobs").is_symlink() and modes(state)["control"] == 0o777
 
 
-@as_root
 def test_prepare_creates_nothing_in_another_accounts_directory(tmp_path: Path) -> None:
     path = tmp_path / "state"
     path.mkdir(mode=0o755)
