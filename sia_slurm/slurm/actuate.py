@@ -59,7 +59,7 @@ from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.commands import Shape
 from sia_slurm.slurm.jobfiles import DocumentCache
 from sia_slurm.slurm.jsonparse import SlurmJob
-from sia_slurm.slurm.managed import ManagedJob
+from sia_slurm.slurm.managed import ManagedJob, under_controller_hold
 from sia_slurm.slurm.resubmit import ResubmissionError, must_resubmit, resubmit
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 from sia_slurm.userfiles import JobDirectory
@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-USER_HOLD = "held by its user"  # the reason the backend gives for a user hold
 ACK_POLL_S = 0.25  # how often the ack files are looked for
 SLURM_POLL_S = 5.0  # how often squeue is asked, while waiting for acks, whether jobs ended
 COMPLETING_TIMEOUT_S = 90.0  # KillWait (30 s default) plus epilog, with margin
@@ -153,7 +152,7 @@ class Actuator:
         for verb, build, jobs in (
             ("requeued and held", commands.requeue_hold, requeue),
             ("held by the controller", commands.hold, hold),
-        ):  # a user's hold (sia-sbatch submits with one) is routine; anything else is not
+        ):
             if not jobs:
                 continue
             ids = {managed.current.job_id: sia_id for sia_id, (managed, _) in jobs.items()}
@@ -166,7 +165,9 @@ class Actuator:
                         sia_id, job_id, reason, verb, failures[job_id],
                     )  # fmt: skip
                 else:
-                    level = logging.INFO if reason.startswith(USER_HOLD) else logging.WARNING
+                    # A user's hold (sia-sbatch submits with one) is routine; anything else
+                    # (a release, a run without a grant) is not.
+                    level = logging.INFO if jobs[sia_id][0].current.held else logging.WARNING
                     logger.log(level, "[job=%s] Slurm job %s: %s: %s", sia_id, job_id, reason, verb)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
@@ -483,7 +484,7 @@ class Actuator:
             if requeued is None or requeued.current.job_id != job.job_id:
                 raise ActuationError(f"Slurm job {job.job_id} vanished after its requeue")
             managed, job = requeued, requeued.current  # under the requeue's (user) hold
-        if not job.held or job.reason in commands.USER_HOLD_REASONS:
+        if not under_controller_hold(job):
             self.calls.run(commands.hold([job.job_id]))  # the controller's hold, not the user's
         return _Placement(
             action,

@@ -45,7 +45,7 @@ from sia_slurm.protocol import (
     ack_name,
 )
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.actuate import USER_HOLD, Actuator
+from sia_slurm.slurm.actuate import Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
 from sia_slurm.slurm.jobfiles import DocumentCache, MetricsInbox, RecordBook
@@ -59,6 +59,7 @@ from sia_slurm.slurm.managed import (
     job_phase,
     resolve,
     unauthorized,
+    under_controller_hold,
 )
 from sia_slurm.slurm.runner import CommandRunner, SubprocessRunner
 from sia_slurm.userfiles import JobDirectory
@@ -221,7 +222,7 @@ class SlurmBackend:
         )
         released = self._released_to(job, assignment, phase, stop is not None)
         if job.state == "PENDING" and self._needs_hold(job, released):
-            why = "released without a grant" if not job.held else f"{USER_HOLD} ({job.reason})"
+            why = "released without a grant" if not job.held else f"held by its user ({job.reason})"
             enforcement.hold[sia_id] = (managed, why)
         config, placement = None, ()
         if released:
@@ -305,9 +306,7 @@ class SlurmBackend:
         """A pending managed job waits under the controller's hold, unless the controller has
         just released it: a job released by anyone else (its user, Slurm's own requeue) or
         held by its user (who could release it) is held by the controller."""
-        if not job.held:
-            return not released
-        return job.reason in commands.USER_HOLD_REASONS
+        return not released and not under_controller_hold(job)
 
     def _node_views(
         self, nodes: tuple[NodeInfo, ...], reserved: set[str], unmanaged: list[SlurmJob]

@@ -58,11 +58,6 @@ class Shape:
         return differences
 
 
-# Hold reasons a job's own user can release (``scontrol release`` as the user): the controller
-# puts such a job under its own hold (``docs/slurm-actuation.md``, "Privileges").
-USER_HOLD_REASONS = frozenset({"JobHeldUser"})
-
-
 def job_list(job_ids: Sequence[str]) -> str:
     """Slurm's job list argument: ``12,13,14``."""
     return ",".join(job_ids)

@@ -28,6 +28,10 @@ from sia_slurm.protocol import SIA_ID, Assignment
 from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
 from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob
 
+# Hold reasons a job's own user can release (``scontrol release`` as the user), whoever set
+# the hold: a requeuehold is one too (``docs/slurm-actuation.md``, "Privileges").
+USER_HOLD_REASONS = frozenset({"JobHeldUser"})
+
 # Slurm states that end a job badly (COMPLETED is the good one).
 _FAILED_STATES = FINISHED_STATES - {"COMPLETED"}
 
@@ -159,6 +163,12 @@ def job_phase(
     if job.state == "COMPLETED":
         return JobPhase.DONE, "completed before it was stopped" if stop_requested else "completed"
     return JobPhase.FAILED, f"ended {job.state} (reason {job.reason})"
+
+
+def under_controller_hold(job: SlurmJob) -> bool:
+    """Whether a pending job is held so that its user cannot release it (an admin hold):
+    the one state a managed job may wait in, unless the controller has just released it."""
+    return job.held and job.reason not in USER_HOLD_REASONS
 
 
 def unauthorized(
