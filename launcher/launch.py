@@ -58,11 +58,15 @@ from sia_slurm.model.profile import (
 )
 from sia_slurm.protocol import (
     Assignment,
+    ExitCause,
     JobSpec,
     ProtocolError,
+    RunExit,
     StatePaths,
     StopRequest,
+    exit_name,
     read_document,
+    write_document,
 )
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
@@ -356,13 +360,59 @@ class _Child:
 
 
 def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
-    """Check, start and supervise one run of the job; the process exit status."""
+    """Check, start and supervise one run of the job; the process exit status. How the run
+    ended is left in ``jobs/<id>/exit-<run>.json`` (:class:`RunExit`) for the controller,
+    which brings back a run that did not fail by itself (``docs/protocol.md``)."""
     paths = StatePaths(config.state_dir)
+    allocation = SlurmAllocation.from_env(environ)
+    try:
+        status, cause, message = _launch(config, paths, sia_id, allocation, environ)
+    except LaunchError as exc:
+        cause = ExitCause.REFUSED if exc.status == EXIT_MISMATCH else ExitCause.INVALID
+        record_exit(paths, sia_id, allocation, cause, exc.status, str(exc))
+        raise
+    record_exit(paths, sia_id, allocation, cause, status, message)
+    return status
+
+
+def record_exit(
+    paths: StatePaths,
+    sia_id: str,
+    allocation: SlurmAllocation,
+    cause: ExitCause,
+    status: int,
+    message: str = "",
+) -> None:
+    """Write this run's :class:`RunExit`; a failure to write is logged, never raised (the
+    controller then reads the run as ended by Slurm, and brings it back)."""
+    record = RunExit(
+        sia_id=sia_id,
+        slurm_job_id=allocation.job_id,
+        slurm_restart_count=allocation.restart_count,
+        cause=cause.value,
+        status=status,
+        time=time.time(),
+        message=message,
+    )
+    try:
+        name = exit_name(allocation.job_id, allocation.restart_count)
+        write_document(paths.job_dir(sia_id) / name, record)
+    except (OSError, ProtocolError) as exc:
+        logger.warning("[job=%s] cannot record how this run ended (%s): %s", sia_id, cause, exc)
+
+
+def _launch(
+    config: SiaConfig,
+    paths: StatePaths,
+    sia_id: str,
+    allocation: SlurmAllocation,
+    environ: Mapping[str, str],
+) -> tuple[int, ExitCause, str]:
+    """The run itself: ``(exit status, how it ended, what to say)``."""
     try:
         spec = read_document(JobSpec, paths.spec(sia_id))
     except ProtocolError as exc:
         raise LaunchError(str(exc)) from None
-    allocation = SlurmAllocation.from_env(environ)
     runner = SubprocessRunner(timeout_s=30)
     try:
         hostnames = expand_hostnames(runner, allocation.node_list)
@@ -392,11 +442,13 @@ def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
     status = child.wait()
     if stopped_on_request(paths, sia_id, assignment.round_index):
         logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
-        return EXIT_STOPPED
+        return EXIT_STOPPED, ExitCause.STOPPED, "stopped on the controller's request"
     if child.terminated:
-        return 128 + child.terminated
+        return 128 + child.terminated, ExitCause.TERMINATED, f"signal {child.terminated}"
     logger.info("[job=%s] srun exited with status %d", sia_id, status)
-    return status
+    if status == EXIT_OK:
+        return status, ExitCause.COMPLETED, "training completed"
+    return status, ExitCause.FAILED, f"the training command exited with status {status}"
 
 
 def await_grant(

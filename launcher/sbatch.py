@@ -42,6 +42,7 @@ from sia_slurm.model.profile import (
     load_profiles,
 )
 from sia_slurm.protocol import (
+    MAX_FAILURES,
     JobSpec,
     ProtocolError,
     StatePaths,
@@ -127,6 +128,7 @@ class SubmitOptions:
     restart_cost: float | None
     checkpoint_dir: Path | None
     command: tuple[str, ...]
+    max_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -359,6 +361,7 @@ def submit(
             command=options.command,
             profile=profile_field,
             owner_uid=os.getuid(),
+            max_failures=options.max_failures,
         )
     except ProtocolError as exc:
         raise UsageError(str(exc)) from None
@@ -443,6 +446,15 @@ def submit(
     type=click.Path(file_okay=False, path_type=Path),
     help="Where checkpoints go (default: <state_dir>/jobs/<sia_id>/checkpoints).",
 )
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=0, max=MAX_FAILURES),
+    default=0,
+    show_default=True,
+    help="Runs in which the training command may fail (exit non-zero) and the job still be "
+    "brought back from its checkpoint. Runs that Slurm ends (a failed node, a refused launch) "
+    "are always brought back and do not count.",
+)
 @click.option("--parsable", is_flag=True, help="Print only the job id, as sbatch --parsable.")
 @click.pass_context
 def cli(ctx: click.Context, config_path: Path | None, parsable: bool, **values: object) -> None:
@@ -472,6 +484,7 @@ def cli(ctx: click.Context, config_path: Path | None, parsable: bool, **values: 
             restart_cost=values["restart_cost"],  # type: ignore[arg-type]
             checkpoint_dir=values["checkpoint_dir"],  # type: ignore[arg-type]
             command=command,
+            max_failures=values["max_failures"],  # type: ignore[arg-type]
         )
         sia_id, stdout = submit(config, path, options, ctx.args, SubprocessRunner())
     except ConfigError as exc:

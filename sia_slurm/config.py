@@ -77,6 +77,10 @@ class RestartConfig:
     """
 
     checkpoint_timeout_s: float = 120.0  # wait this long for the job's acknowledgement
+    # Runs of one job that Slurm may end (a refused launch, a failed node...) and the job
+    # still be brought back from its checkpoint; a job whose own code fails has its own
+    # budget (``sia-sbatch --max-failures``).
+    max_slurm_failures: int = 10
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,11 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
         source.issue(
             ("restart", "checkpoint_timeout_s"),
             f"expected a non-negative number of seconds, got {restart.checkpoint_timeout_s:g}",
+        )
+    if restart is not None and restart.max_slurm_failures < 0:
+        source.issue(
+            ("restart", "max_slurm_failures"),
+            f"expected an integer >= 0, got {restart.max_slurm_failures}",
         )
     slurm = _dataclass(SlurmConfig, data.get("slurm"), ("slurm",), source)
     if slurm is not None and slurm.backend not in BACKEND_NAMES:

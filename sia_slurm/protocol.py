@@ -9,6 +9,7 @@ them for people). Two trees, by who may write them (``docs/security.md``)::
     jobs/<sia_id>/spec.json           by sia-sbatch at submission           (JobSpec)
     jobs/<sia_id>/ack-<round>         by rank 0 after its checkpoint        (empty file)
     jobs/<sia_id>/metrics.json        by rank 0 every ~30 s                 (MetricsReport)
+    jobs/<sia_id>/exit-<run>.json     by the launcher when a run ends       (RunExit)
 
 ``control/`` belongs to the controller's account and users can only read it; ``jobs/`` is
 sticky and world-writable (like /tmp), each ``jobs/<sia_id>/`` belongs to the job's user. The
@@ -31,6 +32,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -96,10 +98,18 @@ class StatePaths:
 
 SPEC_FILE = "spec.json"
 METRICS_FILE = "metrics.json"
+MAX_FAILURES = 100  # the largest retry budget a job may ask for (``--max-failures``)
 
 
 def ack_name(round_index: int) -> str:
     return f"ack-{round_index}"
+
+
+def exit_name(slurm_job_id: str, restart_count: int) -> str:
+    """The file name of one Slurm run's :class:`RunExit`: ``exit-<job id>.<restart>.json``."""
+    if not slurm_job_id.isdigit() or restart_count < 0:
+        raise ProtocolError(f"Slurm run {slurm_job_id!r}.{restart_count}: not a job id and count")
+    return f"exit-{slurm_job_id}.{restart_count}.json"
 
 
 def check_sia_id(sia_id: str) -> str:
@@ -144,11 +154,16 @@ class JobSpec:
     command: tuple[str, ...] = ()
     profile: str | None = None
     owner_uid: int | None = None
+    max_failures: int = 0  # runs its own code may fail and still be brought back
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         check_sia_id(self.sia_id)
         object.__setattr__(self, "kind", JobKind(self.kind))
+        if not 0 <= self.max_failures <= MAX_FAILURES:
+            raise ProtocolError(
+                f"max_failures: expected an integer 0..{MAX_FAILURES}, got {self.max_failures}"
+            )
         object.__setattr__(self, "command", tuple(self.command))
         if self.min_gpus < 1 or self.requested_gpus < 1:
             raise ProtocolError("min_gpus, requested_gpus: expected integers >= 1")
@@ -292,11 +307,64 @@ class StopRequest:
             raise ProtocolError(f"round_index: expected >= 0, got {self.round_index}")
 
 
+class ExitCause(StrEnum):
+    """Why a run's launcher exited, as the launcher saw it (:class:`RunExit`)."""
+
+    COMPLETED = "completed"  # the training command exited 0: training is done
+    STOPPED = "stopped"  # stopped on the controller's request, checkpointed and acknowledged
+    FAILED = "failed"  # the training command exited non-zero by itself: the user's code
+    INVALID = "invalid"  # the job cannot be launched as submitted (bad spec, command, profile)
+    REFUSED = "refused"  # Slurm's allocation is not the controller's grant: the controller's
+    TERMINATED = "terminated"  # Slurm (or the controller) signalled the launcher to end
+
+    @property
+    def users_fault(self) -> bool:
+        """Whether a run that ended so failed through the job itself (counts against its
+        ``max_failures``); any other failed run was ended by Slurm or the controller."""
+        return self in (ExitCause.FAILED, ExitCause.INVALID)
+
+
+@dataclass(frozen=True)
+class RunExit:
+    """How one Slurm run of a job ended, written by its launcher as it exits.
+
+    The controller tells a job whose own code failed from one that Slurm ended (a node that
+    failed, a launch Slurm refused, a run killed from outside) by this file: a run that Slurm
+    reports FAILED and that left no ``exit-<run>.json`` (or one whose cause is not the job's)
+    did not fail by itself and is brought back from its checkpoint (``docs/protocol.md``).
+    The user owns the file: all it can do is spend its own job's retry budgets.
+    """
+
+    sia_id: str
+    slurm_job_id: str
+    slurm_restart_count: int
+    cause: str
+    status: int
+    time: float = 0.0
+    message: str = ""
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        check_sia_id(self.sia_id)
+        exit_name(self.slurm_job_id, self.slurm_restart_count)  # validates both
+        try:
+            ExitCause(self.cause)
+        except ValueError:
+            known = ", ".join(c.value for c in ExitCause)
+            raise ProtocolError(f"cause: expected one of {known}, got {self.cause!r}") from None
+        if len(self.message) > 2000:
+            object.__setattr__(self, "message", self.message[:2000])
+
+    @property
+    def exit_cause(self) -> ExitCause:
+        return ExitCause(self.cause)
+
+
 # ------------------------------------------------------------------------------------------------
 # Reading and writing
 
-_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest)
-Document = JobSpec | Assignment | MetricsReport | StopRequest
+_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit)
+Document = JobSpec | Assignment | MetricsReport | StopRequest | RunExit
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:

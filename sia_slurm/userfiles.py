@@ -26,6 +26,7 @@ from sia_slurm.protocol import (
     JobSpec,
     MetricsReport,
     ProtocolError,
+    RunExit,
     StopRequest,
     check_sia_id,
     from_json,
@@ -33,7 +34,7 @@ from sia_slurm.protocol import (
     read_capped,
 )
 
-_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest)
+_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 

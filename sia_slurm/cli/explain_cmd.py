@@ -115,6 +115,9 @@ def explain(
         f"job {job_id}: app {row.spec.get('app')}, kind {row.spec.get('kind')}, phase {phase}, "
         f"{'on ' + str(current) if current else 'no GPUs'}, restarts {restarts}"
     )
+    said = live.message if live else row.message
+    if said:
+        click.echo(f"Slurm: {said}")
     if decided is not None:
         index, d = decided
         click.echo(

@@ -41,6 +41,7 @@ class JobLine:
     goodput: float | None  # predicted by the last round for the configuration it runs
     restarts: int
     slurm_job_id: str
+    message: str = ""  # what the controller last said of the job (why it failed, ...)
 
 
 def live_snapshot(ctx: click.Context, config: SiaConfig) -> tuple[ClusterSnapshot | None, str]:
@@ -89,6 +90,7 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
         if snapshot is None:
             phase, config, batch = row.phase, row.config, row.batch
             restarts, slurm_id = row.restarts, (row.slurm_job_ids or [""])[-1]
+            message = row.message
             config_text = (
                 f"{config['gpu_type']}:{config['nodes']}x{config['gpus']}" if config else "-"
             )
@@ -99,6 +101,7 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
             if job is None:
                 continue
             phase, restarts, slurm_id = job.phase.value, job.restarts, job.slurm_job_id
+            message = job.message
             holds = job.phase.holds_gpus and job.config is not None
             config_text = str(job.config) if holds else "-"
             gpus = job.config.gpus if holds and job.config else 0
@@ -120,6 +123,7 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
                 goodput,
                 restarts,
                 slurm_id,
+                message,
             )
         )
     return lines
@@ -236,3 +240,8 @@ def status(
         click.echo(line)
     if not jobs:
         click.echo("(no managed jobs)")
+    failed = [j for j in jobs if j.phase == "failed" and j.message]
+    if failed:
+        click.echo("")
+    for j in failed:
+        click.echo(f"{j.sia_id} failed: {j.message}")

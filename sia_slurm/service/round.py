@@ -55,7 +55,7 @@ class ReconcileReport:
 
     reapplied: int = 0
     failed: int = 0
-    left_pending: int = 0  # dry run: reported, not touched
+    left_pending: int = 0  # dry run, or reconcile could not run: reported, not touched
     reports: tuple[MetricsReport, ...] = ()
 
 
@@ -88,13 +88,24 @@ def run_round(
 ) -> RoundReport:
     """Run one round against ``backend``; see the module docstring for the order of things.
 
-    Exceptions from ``backend.snapshot()`` and from reconciling propagate (nothing was decided);
-    an exception from applying this round's actions is reported in :attr:`RoundReport.error`.
+    An exception from ``backend.snapshot()`` propagates (nothing can be decided without it:
+    the loop logs it and runs the next round on schedule); one from reconciling is logged and
+    leaves the earlier entries pending; one from applying this round's actions is reported in
+    :attr:`RoundReport.error`.
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
     journal = Journal(store)
-    reconciled = reconcile(store, backend, dry_run=dry_run, clock=clock)
+    try:
+        reconciled = reconcile(store, backend, dry_run=dry_run, clock=clock)
+    except Exception as exc:  # e.g. Slurm unreachable: the entries wait for the next round
+        left = len(journal.pending())
+        logger.error(
+            "reconciling %d pending action(s) failed: %s: %s; they stay pending and are "
+            "re-applied by the next round",
+            left, type(exc).__name__, exc,
+        )  # fmt: skip
+        reconciled = ReconcileReport(left_pending=left)
     timings["reconcile_s"] = time.perf_counter() - started
 
     mark = time.perf_counter()

@@ -23,9 +23,9 @@ Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
   another user, so a controller under a service account fails such a shrink and says so.
 * **Move** = the stop half, then the start half.
 * **Rebatch**: rewrite ``assignment.json`` with the new round and batch; nothing in Slurm.
-* **Enforce** (every ``apply``, before the actions): requeue and hold a managed run that holds
-  GPUs the controller did not grant it, and hold a pending job that someone else released or
-  that only its user holds.
+
+Before the actions, every ``apply`` enforces the controller's grants
+(:mod:`sia_slurm.slurm.enforce`).
 
 The controller writes only under ``control/``, its own tree; the job's directory is read
 through :mod:`sia_slurm.userfiles`.
@@ -38,7 +38,7 @@ held or requeued, an acknowledgement already there) and does only what is left.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -140,35 +140,6 @@ class Actuator:
         self.documents = documents
         self.observe = observe
         self.calls = SlurmCalls(runner)
-
-    def enforce(
-        self,
-        requeue: Mapping[str, tuple[ManagedJob, str]],
-        hold: Mapping[str, tuple[ManagedJob, str]],
-    ) -> None:
-        """Undo what the controller did not grant: requeue and hold each run in ``requeue``,
-        hold each pending job in ``hold`` (both by sia id, with the reason). A failure is
-        logged and met again at the next snapshot."""
-        for verb, build, jobs in (
-            ("requeued and held", commands.requeue_hold, requeue),
-            ("held by the controller", commands.hold, hold),
-        ):
-            if not jobs:
-                continue
-            ids = {managed.current.job_id: sia_id for sia_id, (managed, _) in jobs.items()}
-            failures = self.calls.batched(build, list(ids))
-            for job_id, sia_id in ids.items():
-                reason = jobs[sia_id][1]
-                if job_id in failures:
-                    logger.warning(
-                        "[job=%s] Slurm job %s: %s, but it could not be %s: %s",
-                        sia_id, job_id, reason, verb, failures[job_id],
-                    )  # fmt: skip
-                else:
-                    # A user's hold (sia-sbatch submits with one) is routine; anything else
-                    # (a release, a run without a grant) is not.
-                    level = logging.INFO if jobs[sia_id][0].current.held else logging.WARNING
-                    logger.log(level, "[job=%s] Slurm job %s: %s: %s", sia_id, job_id, reason, verb)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         """Apply one round's actions, each job as soon as it can go.

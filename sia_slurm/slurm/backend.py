@@ -21,7 +21,7 @@ import os
 import stat
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sia_slurm.cluster import (
@@ -40,19 +40,24 @@ from sia_slurm.protocol import (
     JobSpec,
     MetricsReport,
     ProtocolError,
+    RunExit,
     StatePaths,
     StopRequest,
     ack_name,
+    exit_name,
 )
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.actuate import Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
+from sia_slurm.slurm.enforce import Enforcement, enforce
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
 from sia_slurm.slurm.jobfiles import DocumentCache, MetricsInbox, RecordBook
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_reservations, parse_squeue_json
 from sia_slurm.slurm.managed import (
+    FailedRun,
     ManagedJob,
     allocation_of,
+    failed_run,
     first_record,
     foreign_jobs,
     group_managed,
@@ -83,17 +88,6 @@ class JobsView:
     @property
     def strays(self) -> list[SlurmJob]:
         return [stray for job in self.managed.values() for stray in job.strays]
-
-
-@dataclass
-class Enforcement:
-    """What the last snapshot saw that the controller did not grant, for ``apply`` to undo
-    before it acts: runs to requeue and hold (by sia id, with the reason), pending jobs to
-    put under the controller's hold, and records seen for the first time, to persist."""
-
-    requeue: dict[str, tuple[ManagedJob, str]] = field(default_factory=dict)
-    hold: dict[str, tuple[ManagedJob, str]] = field(default_factory=dict)
-    new_records: dict[str, ManagedJob] = field(default_factory=dict)
 
 
 class SlurmBackend:
@@ -196,6 +190,7 @@ class SlurmBackend:
                     )
                 report, reported = self.inbox.read(sia_id, directory, managed.run, rejected)
                 acked = stop is not None and directory.has_own_file(ack_name(stop.round_index))
+                failure = self._failure(managed, spec, directory, stop is not None and acked)
         except ProtocolError as exc:
             if not job.finished:
                 rejected.append(f"job {sia_id}: not scheduled: {exc}")
@@ -220,9 +215,16 @@ class SlurmBackend:
             acked=acked,
             reported=reported,
         )
-        released = self._released_to(job, assignment, phase, stop is not None)
+        if failure is not None:
+            phase = JobPhase.PENDING if failure.again else JobPhase.FAILED
+            message = failure.message
+            if failure.again:
+                enforcement.revive[sia_id] = (managed, failure)
+        released, differs = self._released_to(job, assignment, phase, stop is not None)
         if job.state == "PENDING" and self._needs_hold(job, released):
             why = "released without a grant" if not job.held else f"held by its user ({job.reason})"
+            if differs:
+                why = f"released, but its request is not its assignment ({differs})"
             enforcement.hold[sia_id] = (managed, why)
         config, placement = None, ()
         if released:
@@ -230,7 +232,8 @@ class SlurmBackend:
             per_node = assignment.gpus_per_node
             config = Configuration(assignment.gpu_type, assignment.nodes, assignment.gpus)
             placement = tuple(NodeShare(node, per_node) for node in assignment.node_list)
-            phase, message = JobPhase.STARTING, "released with its assignment; Slurm starting it"
+            phase = JobPhase.STARTING
+            message = f"released with its assignment; Slurm starting it (reason {job.reason})"
         elif phase.holds_gpus:
             allocation = allocation_of(job, self.partition_types)
             if allocation is None:
@@ -267,6 +270,27 @@ class SlurmBackend:
             message=message,
         )
 
+    def _failure(
+        self, managed: ManagedJob, spec: JobSpec, directory: JobDirectory, stopped: bool
+    ) -> FailedRun | None:
+        """The current run's failure, if it ended badly other than by stopping for the
+        controller (a stopped run that then ended is :func:`job_phase`'s to read)."""
+        job = managed.current
+        if stopped or not job.finished or job.state == "COMPLETED":
+            return None
+        try:
+            exit_record = directory.read_document(RunExit, exit_name(job.job_id, job.restart_count))
+        except ProtocolError as exc:
+            logger.warning("job %s: %s; read as no exit record", managed.sia_id, exc)
+            exit_record = None
+        return failed_run(
+            job,
+            managed.record,
+            exit_record,
+            max_failures=spec.max_failures,
+            max_slurm_failures=self.config.restart.max_slurm_failures,
+        )
+
     def _read_own(
         self, cls: type[Assignment] | type[StopRequest], path: Path, what: str, rejected: list[str]
     ) -> Assignment | StopRequest | None:
@@ -279,8 +303,9 @@ class SlurmBackend:
 
     def _released_to(
         self, job: SlurmJob, assignment: Assignment | None, phase: JobPhase, stopping: bool
-    ) -> bool:
-        """Whether a pending job was just released by the controller, for this Slurm run.
+    ) -> tuple[bool, str]:
+        """Whether a pending job was just released by the controller, for this Slurm run
+        (and if not only because Slurm's request differs from the assignment: how).
 
         Slurm starts a released job a few seconds later; until then it reads PENDING. Reporting
         it as STARTING (on its assigned nodes) keeps the controller from deciding it afresh
@@ -289,17 +314,25 @@ class SlurmBackend:
         start later on GPUs the plan has since given to another job.
         """
         if phase is not JobPhase.PENDING or job.state != "PENDING" or job.held or stopping:
-            return False
+            return False, ""
         if assignment is None or len(assignment.node_list) != assignment.nodes:
-            return False
+            return False, ""
         if not _granted_run(job, assignment):
-            return False
+            return False, ""
+        shape = commands.Shape(
+            assignment.partition, assignment.nodes, assignment.gpus_per_node, assignment.node_list
+        )
+        differences = shape.matches(job)
+        if differences:
+            # Not what the controller released (an update lost in a slurmctld restart, or
+            # changed by someone else): held again and decided anew, which updates every field.
+            return False, "; ".join(differences)
         try:
             written = os.stat(self.paths.assignment(assignment.sia_id)).st_mtime
         except OSError:
-            return False
+            return False, ""
         age = time.time() - written  # the controller's own clock on both sides
-        return age < RELEASE_GRACE_ROUNDS * self.config.round_seconds
+        return age < RELEASE_GRACE_ROUNDS * self.config.round_seconds, ""
 
     @staticmethod
     def _needs_hold(job: SlurmJob, released: bool) -> bool:
@@ -351,8 +384,23 @@ class SlurmBackend:
         actions too, so enforcement never waits for a decision."""
         enforcement, self.enforcement = self.enforcement, Enforcement()
         self._persist_records(enforcement)
-        self.actuator.enforce(enforcement.requeue, enforcement.hold)
+        self._count_failures(enforcement)
+        enforce(self.actuator.calls, enforcement)
         return self.actuator.apply(actions)
+
+    def _count_failures(self, enforcement: Enforcement) -> None:
+        """Record each failed run before it is brought back, so a budget is spent once per
+        run whatever happens after (a crash, a requeue that fails and is tried again)."""
+        for sia_id, (managed, failure) in list(enforcement.revive.items()):
+            record = managed.record.with_failure(failure.run, failure.users_fault)
+            if record == managed.record:
+                continue
+            try:
+                record.write(self.paths.slurm_record(sia_id))
+            except OSError as exc:
+                logger.error("job %s: cannot record its failed run (%s); not brought back "
+                             "this round", sia_id, exc)  # fmt: skip
+                del enforcement.revive[sia_id]
 
     def _persist_records(self, enforcement: Enforcement) -> None:
         for sia_id, managed in enforcement.new_records.items():

@@ -19,7 +19,7 @@ import math
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -189,7 +189,9 @@ class SlurmRecord:
     user, and its age and queue order count from that time across resubmissions.
     ``slurm_job_id`` is the job that now carries the sia id; ``superseded`` the ids it
     replaced (cancelled, or to be cancelled); ``restart_base`` the restarts those had, added
-    to Slurm's restart count of the current job.
+    to Slurm's restart count of the current job. ``failed_runs`` and ``slurm_failed_runs``
+    name the runs (``<job id>.<restart count>``) that the controller brought back after they
+    failed, by the job's own code and by Slurm's doing: what the retry budgets are spent on.
     """
 
     slurm_job_id: str
@@ -197,6 +199,17 @@ class SlurmRecord:
     submit_time: float
     restart_base: int = 0
     superseded: tuple[str, ...] = ()
+    failed_runs: tuple[str, ...] = ()
+    slurm_failed_runs: tuple[str, ...] = ()
+
+    def with_failure(self, run: RunId, users_fault: bool) -> SlurmRecord:
+        """This record with ``run`` counted as a failed run (once, however often called)."""
+        name = f"{run.slurm_job_id}.{run.restart_count}"
+        if name in self.failed_runs or name in self.slurm_failed_runs:
+            return self
+        if users_fault:
+            return replace(self, failed_runs=(*self.failed_runs, name))
+        return replace(self, slurm_failed_runs=(*self.slurm_failed_runs, name))
 
     @classmethod
     def read(cls, path: Path) -> SlurmRecord | None:
@@ -214,6 +227,8 @@ class SlurmRecord:
                 submit_time=float(payload["submit_time"]),
                 restart_base=_integer(payload.get("restart_base", 0)),
                 superseded=tuple(_text(j) for j in payload.get("superseded", [])),
+                failed_runs=tuple(_text(r) for r in payload.get("failed_runs", [])),
+                slurm_failed_runs=tuple(_text(r) for r in payload.get("slurm_failed_runs", [])),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"{path}: bad controller record: {exc!r}") from None
@@ -230,6 +245,8 @@ class SlurmRecord:
                 "submit_time": self.submit_time,
                 "restart_base": self.restart_base,
                 "superseded": list(self.superseded),
+                "failed_runs": list(self.failed_runs),
+                "slurm_failed_runs": list(self.slurm_failed_runs),
             },
         )
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from sia_slurm.cluster import JobPhase
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
-from sia_slurm.protocol import SIA_ID, Assignment
+from sia_slurm.protocol import SIA_ID, Assignment, ExitCause, RunExit
 from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
 from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob
 
@@ -34,6 +34,10 @@ USER_HOLD_REASONS = frozenset({"JobHeldUser"})
 
 # Slurm states that end a job badly (COMPLETED is the good one).
 _FAILED_STATES = FINISHED_STATES - {"COMPLETED"}
+# Ends someone chose (a cancel, the job's time limit or deadline): never brought back.
+INTENDED_ENDS = frozenset({"CANCELLED", "TIMEOUT", "DEADLINE"})
+# Ends that are the job's own doing whatever its launcher recorded.
+OWN_ENDS = frozenset({"OUT_OF_MEMORY"})
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,65 @@ def job_phase(
     if job.state == "COMPLETED":
         return JobPhase.DONE, "completed before it was stopped" if stop_requested else "completed"
     return JobPhase.FAILED, f"ended {job.state} (reason {job.reason})"
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """A run that Slurm reports ended badly, and what becomes of the job: brought back from
+    its checkpoint (``again``) or ended FAILED. ``users_fault``: its own code failed (it spends
+    the job's ``max_failures``), else Slurm or the controller ended it (``max_slurm_failures``)."""
+
+    run: RunId
+    users_fault: bool
+    again: bool
+    message: str
+
+
+def failed_run(
+    job: SlurmJob,
+    record: SlurmRecord,
+    exit_record: RunExit | None,
+    *,
+    max_failures: int,
+    max_slurm_failures: int,
+) -> FailedRun | None:
+    """Who ended a finished run that did not complete, and whether the job comes back.
+
+    ``None`` for a run that did not end badly, or that someone ended on purpose (cancelled,
+    timed out: :data:`INTENDED_ENDS`), or that stopped for the controller (its launcher says
+    so; :func:`job_phase` handles those). The run's own ``exit_record`` (written by its
+    launcher as it exits, :class:`~sia_slurm.protocol.RunExit`) tells a job whose code failed
+    from one Slurm ended: a run that left none, or one that says it was refused or signalled,
+    did not fail by itself (a launch Slurm refused, a node that failed under it, a prolog, a
+    batch step killed from outside). Each failed run is counted once, in ``record``.
+    """
+    if job.state not in _FAILED_STATES or job.state in INTENDED_ENDS:
+        return None
+    run = RunId(job.job_id, job.restart_count)
+    mine = exit_record is not None and (
+        (exit_record.slurm_job_id, exit_record.slurm_restart_count)
+        == (job.job_id, job.restart_count)
+    )
+    cause = exit_record.exit_cause if mine and exit_record is not None else None
+    if cause in (ExitCause.STOPPED, ExitCause.COMPLETED):
+        return None
+    users_fault = job.state in OWN_ENDS or (cause is not None and cause.users_fault)
+    counted = record.with_failure(run, users_fault)
+    where = f"Slurm job {job.job_id} run {job.restart_count}"
+    if users_fault:
+        used, budget = len(counted.failed_runs), max_failures
+        said = exit_record.message if mine and exit_record is not None else ""
+        what = f"its own code failed in {where} ({job.state}{': ' + said if said else ''})"
+        limit = f"failure {used} of --max-failures {budget}"
+    else:
+        used, budget = len(counted.slurm_failed_runs), max_slurm_failures
+        side = f"its launcher {cause.value}" if cause is not None else "no exit of its own"
+        what = f"Slurm ended {where} {job.state} (reason {job.reason}; {side})"
+        limit = f"Slurm failure {used} of restart.max_slurm_failures {budget}"
+    if used <= budget:
+        return FailedRun(run, users_fault, True, f"{what}; brought back from its checkpoint "
+                         f"({limit})")  # fmt: skip
+    return FailedRun(run, users_fault, False, f"{what}; ended FAILED ({limit})")
 
 
 def under_controller_hold(job: SlurmJob) -> bool:

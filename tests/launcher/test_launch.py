@@ -24,7 +24,15 @@ from launcher.launch import (
     worker_environment,
 )
 from sia_slurm.config import SiaConfig, load_config
-from sia_slurm.protocol import Assignment, JobSpec, StatePaths, StopRequest, write_document
+from sia_slurm.protocol import (
+    Assignment,
+    JobSpec,
+    RunExit,
+    StatePaths,
+    StopRequest,
+    read_document,
+    write_document,
+)
 
 SLURM = {
     "SLURM_JOB_ID": "41",
@@ -340,3 +348,69 @@ def test_launch_waits_three_rounds_or_sia_mismatch_wait_s(
     assert waited == [expected]
     with pytest.raises(LaunchError, match="SIA_MISMATCH_WAIT_S: expected seconds > 0"):
         launch(config, "s1-abcd", SLURM | {"SIA_MISMATCH_WAIT_S": "0"})
+
+
+class _FakeChild:
+    """srun's stand-in: exits with ``status``, or as if Slurm signalled the launcher."""
+
+    status = 0
+    terminated = 0
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        pass
+
+    def wait(self) -> int:
+        return self.status
+
+
+@pytest.mark.parametrize(
+    ("status", "terminated", "cause", "exit_status"),
+    [(0, 0, "completed", 0), (1, 0, "failed", 1), (143, 15, "terminated", 143)],
+)
+def test_every_run_leaves_how_it_ended_for_the_controller(
+    config_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+    terminated: int,
+    cause: str,
+    exit_status: int,
+) -> None:
+    """``exit-<job>.<restart>.json`` tells the controller whether the job's own code failed
+    (``failed``: it spends --max-failures) or Slurm ended the run (brought back)."""
+    config = load_config(config_path)
+    paths = StatePaths(config.state_dir)
+    paths.job_dir("s1-abcd").mkdir()
+    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
+    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
+    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
+    monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
+    child = type("Child", (_FakeChild,), {"status": status, "terminated": terminated})
+    monkeypatch.setattr(launcher.launch, "_Child", child)
+    assert launch(config, "s1-abcd", SLURM) == exit_status
+    record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
+    assert (record.cause, record.status) == (cause, exit_status)
+    assert (record.slurm_job_id, record.slurm_restart_count) == ("41", 1)
+
+
+def test_a_refused_or_invalid_launch_is_recorded_too(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_config(config_path)
+    paths = StatePaths(config.state_dir)
+    paths.job_dir("s1-abcd").mkdir()
+    with pytest.raises(LaunchError, match=r"spec\.json"):  # no spec: the job is not launchable
+        launch(config, "s1-abcd", SLURM)
+    record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
+    assert (record.cause, record.status) == ("invalid", 2)
+    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
+    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
+    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
+
+    def refuse(*args: object, **kwargs: object) -> Assignment:
+        raise LaunchError("not granted", EXIT_MISMATCH)
+
+    monkeypatch.setattr(launcher.launch, "await_grant", refuse)
+    with pytest.raises(LaunchError, match="not granted"):
+        launch(config, "s1-abcd", SLURM)
+    record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
+    assert (record.cause, record.status, record.message) == ("refused", 3, "not granted")

@@ -198,6 +198,29 @@ def test_sbatch_failure_is_reported_with_exit_1(
     assert list((config_path.parent / "state" / "jobs").iterdir()) == []
 
 
+def test_max_failures_goes_into_the_spec(
+    config_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sbatch"
+    fake.write_text("#!/bin/sh\necho 123\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv = ["--config", str(config_path), "--app", "cifar10", "--parsable"]
+    with pytest.raises(SystemExit) as caught:
+        run([*argv, "--max-failures", "2", "--", "python", "t.py"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == "123"
+    (job_dir,) = (config_path.parent / "state" / "jobs").iterdir()
+    assert read_document(JobSpec, job_dir / "spec.json").max_failures == 2
+    err = cli_error([*argv, "--max-failures", "101", "--", "python", "t.py"], capsys)
+    assert "--max-failures" in err and "0<=x<=100" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -257,3 +257,29 @@ def test_status_lists_given_up_actions(
     (entry, *_) = json.loads(result.output)["given_up_actions"]
     assert entry["job"] == "job0" and entry["kind"] == "start"
     assert entry["message"].startswith(f"given up after {MAX_ATTEMPTS} attempts; last: ")
+
+
+def test_a_failing_reconcile_leaves_its_entries_pending_and_the_round_goes_on(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    """Slurm unreachable while reconciling (its snapshot raises) but back for the round's
+    own snapshot: the round decides and applies; the old entries wait for the next round."""
+    submit(cluster, 2)
+    assert one_round(config, FakeCluster(cluster.path, raise_after=0), store).error
+    assert len(Journal(store).pending()) == 2
+    calls = {"snapshot": 0}
+    real_snapshot = cluster.snapshot
+
+    def flaky_snapshot() -> ClusterSnapshot:
+        calls["snapshot"] += 1
+        if calls["snapshot"] == 1:
+            raise ConnectionError("slurmctld is not responding")
+        return real_snapshot()
+
+    cluster.snapshot = flaky_snapshot  # type: ignore[method-assign]
+    report = one_round(config, cluster, store)
+    assert report.reconcile.left_pending == 2 and not report.error
+    assert calls["snapshot"] == 2  # the round observed after the failed reconcile
+    report = one_round(config, cluster, store)  # Slurm is back: the old entries settle
+    assert report.reconcile.reapplied + report.reconcile.failed == 2
+    assert not Journal(store).pending()

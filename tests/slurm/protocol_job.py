@@ -13,7 +13,9 @@ Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protoc
   the assignment it started with is stale and ignored (``docs/protocol.md``); with
   ``--ack-delay S`` the checkpoint takes S seconds (a slow job, for crash tests);
 * with ``--steps N`` exits 0 once the counter reaches N (training done), and with
-  ``--finish-file F`` once F exists (training done when the test says so);
+  ``--finish-file F`` once F exists (training done when the test says so); with
+  ``--fail-at N`` exits 1 when the counter reaches N (the user's code fails);
+* leaves ``jobs/<id>/exit-<run>.json`` as sia-launch does, saying how the run ended;
 * reports a step time that falls with more GPUs (``0.1 + 0.4 / gpus``), or with
   ``--seed-profile CSV`` what a real app would: the 1-GPU step time of its seed profile
   (``profiles/<app>/seed.csv``) at the assigned local batch, plus an all-reduce time that
@@ -39,10 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sia_slurm.protocol import (
     Assignment,
+    ExitCause,
     MetricsReport,
     ProtocolError,
+    RunExit,
     StatePaths,
     StopRequest,
+    exit_name,
     read_document,
     write_document,
     write_json_atomic,
@@ -101,6 +106,7 @@ class ProtocolJob:
         finish_file: Path | None = None,
         ack_delay: float = 0.0,
         profile: SeedProfile | None = None,
+        fail_at: int | None = None,
     ) -> None:
         self.paths = paths
         self.sia_id = sia_id
@@ -109,6 +115,7 @@ class ProtocolJob:
         self.finish_file = finish_file
         self.ack_delay = ack_delay
         self.profile = profile
+        self.fail_at = fail_at
         self.checkpoint = paths.job_dir(sia_id) / "counter.json"
         self.events = paths.job_dir(sia_id) / "events.jsonl"
         self.terminated = False
@@ -127,13 +134,22 @@ class ProtocolJob:
         write_json_atomic(self.checkpoint, {"counter": self.counter})
 
     def run(self) -> int:
+        """Run, then leave ``exit-<run>.json`` as sia-launch does: how this run ended."""
+        status, cause = self._run()
+        run = (os.environ.get("SLURM_JOB_ID", ""), self.restart_count)
+        if run[0]:
+            record = RunExit(self.sia_id, run[0], run[1], cause.value, status, time.time())
+            write_document(self.paths.job_dir(self.sia_id) / exit_name(*run), record)
+        return status
+
+    def _run(self) -> tuple[int, ExitCause]:
         signal.signal(signal.SIGUSR1, lambda *_: None)  # a wake-up; the file is the request
         signal.signal(signal.SIGTERM, self._on_term)
         try:
             assignment = read_document(Assignment, self.paths.assignment(self.sia_id))
         except ProtocolError as exc:
             self.log("refused", reason=str(exc))
-            return 3
+            return 3, ExitCause.REFUSED
         env = {
             "partition": os.environ.get("SLURM_JOB_PARTITION", ""),
             "nodes": int(os.environ.get("SLURM_JOB_NUM_NODES", "0")),
@@ -159,10 +175,10 @@ class ProtocolJob:
         )
         if env != wanted:
             self.log("refused", reason=f"allocation {env} != assignment {wanted}")
-            return 3
+            return 3, ExitCause.REFUSED
         return self._loop(assignment)
 
-    def _loop(self, assignment: Assignment) -> int:
+    def _loop(self, assignment: Assignment) -> tuple[int, ExitCause]:
         last_report = 0.0
         launch_round = assignment.round_index
         while not self.terminated:
@@ -173,12 +189,15 @@ class ProtocolJob:
             if self.finish_file is not None and self.finish_file.exists():
                 self.save()
                 self.log("done")
-                return 0
+                return 0, ExitCause.COMPLETED
             self.counter += 1
+            if self.fail_at is not None and self.counter >= self.fail_at:
+                self.log("crash")  # the user's code fails: nothing saved since the checkpoint
+                return 1, ExitCause.FAILED
             if self.steps is not None and self.counter >= self.steps:
                 self.save()
                 self.log("done")
-                return 0
+                return 0, ExitCause.COMPLETED
             now = time.time()
             if now - last_report >= REPORT_EVERY_S:
                 self._report(assignment, now)
@@ -186,7 +205,7 @@ class ProtocolJob:
             time.sleep(TICK_S)
         self.save()  # SIGTERM without a stop request (preemption): keep what we have
         self.log("terminated")
-        return 0
+        return 143, ExitCause.TERMINATED
 
     def _stop_request(self) -> StopRequest | None:
         path = self.paths.stop_request(self.sia_id)
@@ -195,7 +214,7 @@ class ProtocolJob:
         except ProtocolError:
             return None
 
-    def _stop(self, stop: StopRequest) -> int:
+    def _stop(self, stop: StopRequest) -> tuple[int, ExitCause]:
         self.log("stop-seen", round=stop.round_index)
         deadline = time.time() + self.ack_delay
         while not self.terminated and time.time() < deadline:
@@ -203,14 +222,14 @@ class ProtocolJob:
         self.save()
         if self.terminated:
             self.log("terminated")
-            return 0
+            return 143, ExitCause.TERMINATED
         write_json_atomic(self.paths.ack(self.sia_id, stop.round_index), {})
         self.log("acked", round=stop.round_index)
         deadline = time.time() + self.linger
         while not self.terminated and time.time() < deadline:
             time.sleep(TICK_S)
         self.log("idle-exit", terminated=self.terminated)
-        return 0
+        return 0, ExitCause.STOPPED
 
     def _adopt(self, assignment: Assignment) -> Assignment:
         try:
@@ -260,6 +279,7 @@ def main() -> int:
     parser.add_argument("--linger", type=float, default=600.0)
     parser.add_argument("--finish-file", type=Path, default=None)
     parser.add_argument("--ack-delay", type=float, default=0.0)
+    parser.add_argument("--fail-at", type=int, default=None, help="exit 1 at this count")
     parser.add_argument("--seed-profile", type=Path, default=None)
     parser.add_argument("--profile-type", action="append", default=[], metavar="TYPE=PROFILE")
     args = parser.parse_args()
@@ -278,6 +298,7 @@ def main() -> int:
         finish_file=args.finish_file,
         ack_delay=args.ack_delay,
         profile=profile,
+        fail_at=args.fail_at,
     )
     return job.run()
 

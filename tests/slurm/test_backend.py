@@ -19,6 +19,7 @@ from sia_slurm.protocol import (
     Assignment,
     JobSpec,
     MetricsReport,
+    RunExit,
     StatePaths,
     StopRequest,
     read_document,
@@ -112,6 +113,9 @@ def captured(tmp_path: Path) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
 def test_snapshot_of_captured_cluster(captured: Any) -> None:
     backend, runner, paths = captured
     write_document(paths.assignment("run-1"), RUN_1)
+    # failed-1's own code failed (its launcher says so): it ends FAILED (--max-failures 0).
+    failed = RunExit("failed-1", "17", 0, "failed", 3, message="exit 3")
+    write_document(paths.job_dir("failed-1") / "exit-17.0.json", failed)
     snapshot = backend.snapshot()
     assert [c[0] for c in runner.calls] == ["scontrol", "scontrol", "squeue"]  # 3 commands
     usable = {
@@ -545,6 +549,8 @@ def test_shrink_by_resubmission_keeps_the_sia_id(fake_slurm: Any) -> None:
         "submit_time": fake_slurm.job(old)["submit_time"],
         "restart_base": 1,
         "superseded": [old],
+        "failed_runs": [],
+        "slurm_failed_runs": [],
     }
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.slurm_job_id, assignment.restarts) == (new, 1)

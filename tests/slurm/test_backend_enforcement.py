@@ -41,7 +41,7 @@ def actuation_log(caplog: pytest.LogCaptureFixture, job_id: str) -> list[logging
     return [
         r
         for r in caplog.records
-        if r.name == "sia_slurm.slurm.actuate" and f"Slurm job {job_id}:" in r.getMessage()
+        if r.name == "sia_slurm.slurm.enforce" and f"Slurm job {job_id}:" in r.getMessage()
     ]
 
 
@@ -93,7 +93,7 @@ def test_a_running_job_without_an_assignment_is_requeued_and_held(
     )
     assert usable(snapshot)["t4-1"] == 3  # its GPU is taken, not the plan's to give
     fake_slurm.clear_calls()
-    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.actuate"):
+    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.enforce"):
         assert backend.apply([]) == []
     assert fake_slurm.calls == [["scontrol", "requeuehold", job_id]]
     assert [r.levelno for r in actuation_log(caplog, job_id)] == [logging.WARNING]
@@ -179,7 +179,7 @@ def test_held_jobs_are_put_under_the_controllers_hold_once(
         "a": "held by its user (JobHeldUser)"  # sbatch --hold: she could release it
     }
     fake_slurm.clear_calls()
-    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.actuate"):
+    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.enforce"):
         backend.apply([])
     assert fake_slurm.calls == [["scontrol", "hold", mine]]
     # Every new job comes with its user's hold: routine, said at info (a warning is for runs
@@ -317,3 +317,27 @@ def test_a_run_requeued_outside_the_controller_is_pending_while_it_completes(
     assert snapshot.message == "requeued outside the controller; Slurm is taking its GPUs back"
     job.update(restart_cnt=job["restart_cnt"] - 1)  # the granted run completing: not judged
     assert job_of(backend.snapshot(), "a").phase is not JobPhase.PENDING
+
+
+def test_a_released_job_whose_request_is_not_its_assignment_is_held_and_decided_anew(
+    fake_slurm: Any,
+) -> None:
+    """Issue 18 item 4: a release whose update was lost (seen after a slurmctld restart: a
+    2-node grant waiting with one task) must not start as it is, nor wait so for ever."""
+    job_id = fake_slurm.submit("a", "rtx", 2)
+    backend = backend_for(fake_slurm)
+    config = Configuration("rtx", 2, 4)
+    placement = (NodeShare("rtx-1", 2), NodeShare("rtx-2", 2))
+    (result,) = backend.apply([Start("a", 1, config, placement, BatchChoice(128, 32, 0))])
+    assert result.ok, result.message
+    job = job_of(backend.snapshot(), "a")
+    assert job.phase is JobPhase.STARTING and job.message.endswith("(reason None)")
+    fake_slurm.job(job_id)["tasks"] = 1  # the update of NumTasks is gone
+    job = job_of(backend.snapshot(), "a")
+    assert job.phase is JobPhase.PENDING and job.config is None
+    assert {k: why for k, (_, why) in backend.enforcement.hold.items()} == {
+        "a": "released, but its request is not its assignment (NumTasks=1 (wanted 2))"
+    }
+    fake_slurm.clear_calls()
+    backend.apply([])
+    assert fake_slurm.calls == [["scontrol", "hold", job_id]]

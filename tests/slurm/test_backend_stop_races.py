@@ -14,7 +14,7 @@ from sia_slurm.cluster import BatchChoice, JobPhase, Move, Start, Stop
 from sia_slurm.config import parse_config
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
-from sia_slurm.protocol import StopRequest, write_document
+from sia_slurm.protocol import RunExit, StopRequest, exit_name, write_document
 from sia_slurm.slurm.backend import SlurmBackend
 
 CONFIG = (
@@ -65,7 +65,13 @@ def test_a_job_that_acked_a_later_stop_then_failed_is_pending_not_failed(fake_sl
     phase, message = phase_of(backend)
     assert phase is JobPhase.PENDING, message
     fake_slurm.paths.ack("a", 5).unlink()
-    assert phase_of(backend)[0] is JobPhase.FAILED  # without the ack it really failed
+    # Without the ack it did not stop: it failed. Its launcher's record says by whose doing.
+    phase, message = phase_of(backend)
+    assert phase is JobPhase.PENDING and "brought back" in message  # none: Slurm's doing
+    exit_record = RunExit("a", job_id, 0, "failed", 1, message="exit 1")
+    write_document(fake_slurm.paths.job_dir("a") / exit_name(job_id, 0), exit_record)
+    phase, message = phase_of(backend)
+    assert phase is JobPhase.FAILED and "its own code failed" in message, message
 
 
 def test_a_job_that_completed_without_acking_the_stop_is_done(fake_slurm: Any) -> None:
