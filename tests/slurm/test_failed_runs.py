@@ -218,8 +218,10 @@ def record_of(fake: Any) -> dict[str, Any]:
 
 
 def test_a_run_slurm_ended_is_requeued_held_and_counted_once(
-    fake_slurm: Any, caplog: pytest.LogCaptureFixture
+    fake_slurm: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Seen by pytest also after a test configured the service's logging (no propagation).
+    monkeypatch.setattr(logging.getLogger("sia_slurm"), "propagate", True)
     job_id, backend = running(fake_slurm)
     end(fake_slurm, job_id, "FAILED")  # e.g. "Job credential revoked": the launcher never ran
     job = only(backend)
