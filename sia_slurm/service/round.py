@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sia_slurm.cluster import Action, ActionResult, ClusterBackend, ClusterSnapshot
+from sia_slurm.cluster import Action, ActionResult, ClusterBackend, ClusterSnapshot, JobPhase
 from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
 from sia_slurm.protocol import MetricsReport
@@ -118,7 +118,9 @@ def run_round(
     for message in snapshot.rejected:
         logger.warning("[round=%d] rejected input: %s", controller.round_index, message)
 
+    modelled = set(controller.jobs)
     outcome = controller.round(snapshot)
+    _log_endings(outcome.round_index, snapshot, modelled)
     timings.update({f"decide_{k}": v for k, v in outcome.timings.items()})
     for message in outcome.rejected[len(snapshot.rejected) :]:
         logger.warning("[round=%d] %s", outcome.round_index, message)
@@ -169,6 +171,23 @@ def run_round(
         timings=timings,
         error=error,
     )
+
+
+def _log_endings(round_index: int, snapshot: ClusterSnapshot, modelled: set[str]) -> None:
+    """One line per job that ended since the last round (the controller modelled it until
+    now): DONE at INFO, FAILED at ERROR with why (whose failure, which budget)."""
+    for job in snapshot.jobs:
+        if job.phase.finished and job.sia_id in modelled:
+            log_event(
+                logging.INFO if job.phase is JobPhase.DONE else logging.ERROR,
+                f"[round={round_index} job={job.sia_id}] {job.phase.value}: {job.message}",
+                event="finished",
+                round=round_index,
+                job=job.sia_id,
+                phase=job.phase.value,
+                slurm_job_id=job.slurm_job_id,
+                result_message=job.message,
+            )
 
 
 def only_new_reports(snapshot: ClusterSnapshot, controller: Controller) -> ClusterSnapshot:

@@ -85,7 +85,10 @@ def test_the_jobs_own_failure_is_retried_max_failures_times_then_ends_failed(sit
     assert again.actions["crash"]["kind"] == "start", again.actions
     wait_for(lambda: crashed(2), "the second crash", diagnose=site.diagnosis)
     site.wait_slurm_state(job_id, "FAILED")
-    site.round()
+    ended = site.round()
+    (said,) = [line for line in ended.lines if line.get("event") == "finished"]
+    assert (said["job"], said["phase"], said["level"]) == ("crash", "failed", "error")
+    assert "its own code failed" in said["result_message"]
     assert site.job_phases()["crash"] == "failed"
     shown = status_of(site, "crash")
     assert "its own code failed" in str(shown["message"])

@@ -283,3 +283,30 @@ def test_a_failing_reconcile_leaves_its_entries_pending_and_the_round_goes_on(
     report = one_round(config, cluster, store)  # Slurm is back: the old entries settle
     assert report.reconcile.reapplied + report.reconcile.failed == 2
     assert not Journal(store).pending()
+
+
+def test_a_job_that_ends_is_logged_once_with_why(
+    config: SiaConfig, store: Store, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    from sia_slurm.service import configure_logging
+
+    log = tmp_path / "controller.log"
+    handler = configure_logging(log)
+    try:
+        submit(cluster, 2)
+        one_round(config, cluster, store)
+        cluster.advance(600)
+        cluster._load()
+        cluster.jobs["job1"].phase = "failed"
+        cluster._save()
+        for _ in range(3):
+            cluster.advance(1e6)
+            one_round(config, cluster, store)
+    finally:
+        handler.close()
+        import logging
+
+        logging.getLogger("sia_slurm").removeHandler(handler)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    ended = [(e["job"], e["phase"], e["level"]) for e in events if e.get("event") == "finished"]
+    assert sorted(ended) == [("job0", "done", "info"), ("job1", "failed", "error")]
