@@ -35,8 +35,10 @@ from sia_slurm.protocol import (
     Assignment,
     JobSpec,
     MetricsReport,
+    RunExit,
     StatePaths,
     StopRequest,
+    exit_name,
     read_document,
     write_document,
 )
@@ -195,6 +197,11 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     scontrol.run(["scancel", job_id])
     output = job_out.read_text()
     assert "stopped on request and checkpointed; exit 75" in output
+    for run in (0, 1):  # each run left how it ended: stopped for the controller
+        path = paths.job_dir(sia_id) / exit_name(job_id, run)
+        wait_for(f"exit record of run {run}", path.exists, 30, job_out)
+        record = read_document(RunExit, path)
+        assert (record.cause, record.status) == ("stopped", 75), record
 
     # ---- what the job trained on ----------------------------------------------------------
     rows = read_samples(samples)
@@ -282,3 +289,6 @@ def test_launcher_refuses_an_allocation_that_is_not_the_assignment(
     assert "assignment.json: gpu_type: rtx, but partition t4 holds t4" in output
     assert "assignment.json: gpus per node: 4 (gpus=4), but SLURM_GPUS_ON_NODE=2" in output
     assert "Traceback" not in output
+    # ... and left its record: refused (the controller's to repair), not the job's failure.
+    record = read_document(RunExit, paths.job_dir(sia_id) / exit_name(job_id, 0))
+    assert (record.cause, record.status) == ("refused", 3)
