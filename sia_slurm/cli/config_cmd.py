@@ -16,8 +16,10 @@ from sia_slurm.config import (
 )
 from sia_slurm.livecheck import check_live
 from sia_slurm.policy.sia import SiaPolicyConfig
+from sia_slurm.slurm.commands import SHOW_CONFIG
 from sia_slurm.slurm.inventory import read_inventory
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+from sia_slurm.slurm.settings import parse_settings
 
 
 @click.group(
@@ -75,11 +77,13 @@ def check(path: Path | None, live: bool) -> None:
     runner = SubprocessRunner(bin_dir=Path(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None)
     try:
         inventory = read_inventory(runner)
+        settings = parse_settings(runner.run(list(SHOW_CONFIG)).stdout)
     except CommandError as exc:
         click.echo(f"{resolved}: cannot read the Slurm inventory: {exc}", err=True)
         raise SystemExit(1) from None
+    click.echo(f"{resolved}: Slurm {settings.version or '(version not shown)'}")
     report = check_live(cfg, inventory)
-    for warning in report.warnings:
+    for warning in [*settings.warnings(cfg.round_seconds), *report.warnings]:
         click.echo(f"{resolved}: warning: {warning}", err=True)
     for error in report.errors:
         click.echo(f"{resolved}: {error}", err=True)

@@ -110,6 +110,7 @@ def test_config_check_live(slurm_env: dict[str, str], tmp_path: Path) -> None:
     good = runner.invoke(cli, ["config", "check", "--live", str(REPO / "etc" / "sia.yaml")])
     assert good.exit_code == 0, good.output
     assert "OK (live: a100=gpu:a100:4, rtx=gpu:rtx:4, t4=gpu:t4:4)" in good.output
+    assert ": Slurm 22.05.8\n" in good.output and "warning" not in good.output
 
     bad = tmp_path / "sia.yaml"
     bad.write_text(
