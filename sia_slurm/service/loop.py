@@ -99,12 +99,29 @@ def run_service(
             config.policy.name,
             " (dry run)" if dry_run else "",
         )
+        _describe(backend)
         return run_loop(
             lambda: run_round(config, backend, store, controller, dry_run),
             config.round_seconds,
             stop or threading.Event(),
             max_rounds=options.max_rounds,
         )
+
+
+def _describe(backend: object) -> None:
+    """Log what the backend says about its cluster (the Slurm backend: its release and
+    settings to change); other backends say nothing."""
+    describe = getattr(backend, "describe", None)
+    if describe is None:
+        return
+    try:
+        first, *warnings = describe()
+    except Exception as exc:  # the loop's rounds will say what is wrong with Slurm
+        logger.warning("cannot describe the cluster: %s", exc)
+        return
+    logger.info("cluster: %s", first)
+    for warning in warnings:
+        logger.warning("cluster: %s", warning)
 
 
 def run_loop(

@@ -125,6 +125,15 @@ class SlurmBackend:
             resubmit_shrinks=resubmit_shrinks,
         )
 
+    def describe(self) -> list[str]:
+        """What the controller says about this Slurm when its loop starts: the release, then
+        any warning about its settings (:mod:`sia_slurm.slurm.settings`)."""
+        settings = self.actuator.calls.settings()
+        return [
+            f"Slurm {settings.version or '(version not shown)'}",
+            *settings.warnings(self.config.round_seconds),
+        ]
+
     # ------------------------------------------------------------------------------------------
     # Observe
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.runner import CommandError, CommandRunner
+from sia_slurm.slurm.settings import SlurmSettings, parse_settings
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class SlurmCalls:
 
     def __init__(self, runner: CommandRunner) -> None:
         self.runner = runner
-        self._cred_expire_s: int | None = None
+        self._settings: SlurmSettings | None = None
 
     def run(self, argv: list[str]) -> str:
         """Run a command that must succeed (:class:`CommandError` otherwise); its stdout."""
@@ -57,7 +58,11 @@ class SlurmCalls:
 
     def cred_expire(self) -> int:
         """Slurm's cred_expire (asked once per process: it changes only with slurm.conf)."""
-        if self._cred_expire_s is None:
+        return self.settings().cred_expire_s
+
+    def settings(self) -> SlurmSettings:
+        """``scontrol show config``, read once per process (Slurm's defaults if it fails)."""
+        if self._settings is None:
             result = self.runner.run(list(commands.SHOW_CONFIG), check=False)
-            self._cred_expire_s = commands.parse_cred_expire(result.stdout)
-        return self._cred_expire_s
+            self._settings = parse_settings(result.stdout if result.returncode == 0 else "")
+        return self._settings
