@@ -298,7 +298,9 @@ def worker_environment(environ: Mapping[str, str], job: JobEnvironment) -> dict[
     return {**clean, **job.to_env()}
 
 
-def stopped_on_request(paths: StatePaths, sia_id: str, launch_round: int) -> bool:
+def stopped_on_request(
+    paths: StatePaths, sia_id: str, launch_round: int, allocation: SlurmAllocation
+) -> bool:
     """Whether this run stopped for a stop request of a later round and acknowledged it."""
     path = paths.stop_request(sia_id)
     if not path.exists():
@@ -307,7 +309,9 @@ def stopped_on_request(paths: StatePaths, sia_id: str, launch_round: int) -> boo
         stop = read_document(StopRequest, path)
     except ProtocolError:
         return False
-    return stop.round_index > launch_round and paths.ack(sia_id, stop.round_index).exists()
+    if stop.round_index <= launch_round:
+        return False
+    return paths.ack(sia_id, stop.round_index, allocation.job_id, allocation.restart_count).exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -440,7 +444,7 @@ def _launch(
     )
     child = _Child(argv, worker_environment(environ, job))
     status = child.wait()
-    if stopped_on_request(paths, sia_id, assignment.round_index):
+    if stopped_on_request(paths, sia_id, assignment.round_index, allocation):
         logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
         return EXIT_STOPPED, ExitCause.STOPPED, "stopped on the controller's request"
     if child.terminated:

@@ -7,7 +7,7 @@ them for people). Two trees, by who may write them (``docs/security.md``)::
     control/<sia_id>/stop.json        by the controller to ask for a stop   (StopRequest)
     control/<sia_id>/slurm.json       the controller's record of the job    (backend's own)
     jobs/<sia_id>/spec.json           by sia-sbatch at submission           (JobSpec)
-    jobs/<sia_id>/ack-<round>         by rank 0 after its checkpoint        (empty file)
+    jobs/<sia_id>/ack-<round>.<run>   by rank 0 after its checkpoint        (empty file)
     jobs/<sia_id>/metrics.json        by rank 0 every ~30 s                 (MetricsReport)
     jobs/<sia_id>/exit-<run>.json     by the launcher when a run ends       (RunExit)
 
@@ -89,8 +89,8 @@ class StatePaths:
         """The controller's private copy of the job's batch script (for a resubmission)."""
         return self.control(sia_id) / "batch-script"
 
-    def ack(self, sia_id: str, round_index: int) -> Path:
-        return self.job_dir(sia_id) / ack_name(round_index)
+    def ack(self, sia_id: str, round_index: int, slurm_job_id: str, restart_count: int) -> Path:
+        return self.job_dir(sia_id) / ack_name(round_index, slurm_job_id, restart_count)
 
     def metrics(self, sia_id: str) -> Path:
         return self.job_dir(sia_id) / METRICS_FILE
@@ -101,8 +101,17 @@ METRICS_FILE = "metrics.json"
 MAX_FAILURES = 100  # the largest retry budget a job may ask for (``--max-failures``)
 
 
-def ack_name(round_index: int) -> str:
-    return f"ack-{round_index}"
+def ack_name(round_index: int, slurm_job_id: str, restart_count: int) -> str:
+    """The acknowledgement of the stop of ``round_index`` by one Slurm run (job id and
+    restart count): ``ack-<round>.<job id>.<restart>``. An ack names the run that wrote it, so
+    one left by another run (or from before a reset of the controller's round count) never
+    answers a stop of this run."""
+    if not slurm_job_id.isdigit() or restart_count < 0 or round_index < 0:
+        raise ProtocolError(
+            f"ack of round {round_index} by Slurm run {slurm_job_id!r}.{restart_count}: "
+            "not a round, job id and count"
+        )
+    return f"ack-{round_index}.{slurm_job_id}.{restart_count}"
 
 
 def exit_name(slurm_job_id: str, restart_count: int) -> str:
@@ -292,7 +301,8 @@ class StopRequest:
     """The controller asks a running job to checkpoint and stop (written before it signals).
 
     The job polls this file (and reacts to SIGUSR1 as a wake-up); all ranks stop at the same
-    step, rank 0 checkpoints, then writes ``ack-<round_index>``. The controller then requeues
+    step, rank 0 checkpoints, then writes ``ack-<round_index>.<its Slurm run>``
+    (:func:`ack_name`). The controller then requeues
     the job, so the job must not treat the stop as the end of training.
     """
 

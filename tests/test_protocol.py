@@ -79,7 +79,7 @@ def test_two_trees_by_who_writes_them(tmp_path: Path) -> None:
     assert paths.slurm_record("j1") == control / "slurm.json"
     assert paths.batch_copy("j1") == control / "batch-script"
     assert paths.spec("j1") == job / "spec.json"
-    assert paths.ack("j1", 7) == job / "ack-7"
+    assert paths.ack("j1", 7, "41", 2) == job / "ack-7.41.2"
     assert paths.metrics("j1") == job / "metrics.json"
     with pytest.raises(ProtocolError, match="sia job id"):
         paths.control("../jobs/j1")

@@ -10,8 +10,9 @@ all-reduce. SIGTERM/SIGINT (requeue, preemption, time limit) are caught in every
 turned into a flag, so the step in flight completes and rank 0 can checkpoint.
 
 A stop request applies to this run when its round is later than the round of the assignment
-the run started with, and it has not been acknowledged yet (``ack-<round>`` absent): the
-request that preceded this very start is therefore never mistaken for a new one.
+the run started with, and this run has not acknowledged it yet (``ack-<round>.<run>`` absent,
+where the run is this Slurm job id and restart count): the request that preceded this very
+start is therefore never mistaken for a new one.
 """
 
 from __future__ import annotations
@@ -91,10 +92,14 @@ class ControlFiles:
         launch_round: int,
         poll_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        slurm_job_id: str,
+        restart_count: int,
     ):
         self.paths = paths
         self.sia_id = sia_id
         self.launch_round = launch_round
+        self.run = (slurm_job_id, restart_count)  # the Slurm run this process trains in
         self.poll_interval_s = poll_interval_s
         self._clock = clock
         self._last_poll = -float("inf")
@@ -116,9 +121,9 @@ class ControlFiles:
         if self._changed(path):
             self._stop = self._read(StopRequest, path)
         stop = self._stop
-        if stop is None or stop.round_index <= self.launch_round:
-            return None
-        if self.paths.ack(self.sia_id, stop.round_index).exists():
+        if stop is None or stop.round_index <= self.launch_round or not self.run[0]:
+            return None  # (no Slurm run: a standalone process that no controller stops)
+        if self.paths.ack(self.sia_id, stop.round_index, *self.run).exists():
             return None
         return stop
 
@@ -133,8 +138,9 @@ class ControlFiles:
         return assignment
 
     def write_ack(self, round_index: int) -> Path:
-        """Create the empty ``ack-<round>`` file atomically (after the checkpoint is durable)."""
-        path = self.paths.ack(self.sia_id, round_index)
+        """Create this run's empty ``ack-<round>.<run>`` atomically (after the checkpoint is
+        durable)."""
+        path = self.paths.ack(self.sia_id, round_index, *self.run)
         write_empty_atomic(path)
         return path
 

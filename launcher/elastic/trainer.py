@@ -109,6 +109,8 @@ class ElasticTrainer:
             self.env.sia_id,
             self.env.launch_round,
             self.env.poll_interval_s,
+            slurm_job_id=self.env.slurm_job_id,
+            restart_count=self.env.restarts,
         )
         self.signals = SignalFlags()
         if install_signal_handlers:

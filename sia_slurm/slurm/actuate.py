@@ -3,7 +3,7 @@
 Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
 
 * **Stop** a running job: write ``control/<id>/stop.json``, ``scancel --batch
-  --signal=USR1``, wait for the job's ``jobs/<id>/ack-<round>`` (a regular file of the job's
+  --signal=USR1``, wait for the job's ``jobs/<id>/ack-<round>.<run>`` (a regular file of the job's
   user; up to ``restart.checkpoint_timeout_s``; then go on and say so), ``scontrol
   requeuehold``, wait until Slurm has taken the GPUs back (COMPLETING -> PENDING), remove
   ``stop.json``. The signal goes to every stopping job first, then all are awaited
@@ -279,7 +279,7 @@ class Actuator:
         completed: dict[str, SlurmJob] = {}
         while True:
             for sia_id, (action, job) in list(waiting.items()):
-                if self._acked(sia_id, job.user_id, action.round_index):
+                if self._acked(sia_id, job, action.round_index):
                     outcome[sia_id] = f"acknowledged after {self.clock.now() - start:.1f} s"
                     del waiting[sia_id]
             now = self.clock.now()
@@ -315,14 +315,15 @@ class Actuator:
             request = read_document(StopRequest, path) if path.exists() else None
         except ProtocolError:
             request = None
-        return request is None or not self._acked(sia_id, job.user_id, request.round_index)
+        return request is None or not self._acked(sia_id, job, request.round_index)
 
-    def _acked(self, sia_id: str, uid: int, round_index: int) -> bool:
-        """Whether the job's user acknowledged the stop of ``round_index``: a regular file
-        ``ack-<round>`` of theirs in their job directory (anything else there does not count)."""
+    def _acked(self, sia_id: str, job: SlurmJob, round_index: int) -> bool:
+        """Whether ``job``'s run acknowledged the stop of ``round_index``: a regular file
+        ``ack-<round>.<job id>.<restart>`` of its user in the job directory (anything else
+        there, an ack of another run included, does not count)."""
         try:
-            with JobDirectory(self.paths.jobs_dir, sia_id, uid) as directory:
-                return directory.has_own_file(ack_name(round_index))
+            with JobDirectory(self.paths.jobs_dir, sia_id, job.user_id) as directory:
+                return directory.has_own_file(ack_name(round_index, job.job_id, job.restart_count))
         except ProtocolError:
             return False
 

@@ -198,7 +198,9 @@ class SlurmBackend:
                         f"{directory.where('spec.json')}: sia_id is {spec.sia_id!r}"
                     )
                 report, reported = self.inbox.read(sia_id, directory, managed.run, rejected)
-                acked = stop is not None and directory.has_own_file(ack_name(stop.round_index))
+                acked = stop is not None and directory.has_own_file(
+                    ack_name(stop.round_index, job.job_id, job.restart_count)
+                )
                 failure = self._failure(managed, spec, directory, stop is not None and acked)
         except ProtocolError as exc:
             if not job.finished:

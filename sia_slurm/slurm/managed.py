@@ -146,8 +146,8 @@ def job_phase(
       an assignment of its own never gets here: :func:`unauthorized` stops it first);
     * COMPLETED -> DONE; any other end (failed, cancelled, timeout...) -> FAILED.
 
-    ``acked`` means the job acknowledged the pending stop request (``ack-<its round>``). A job
-    that ended *without* acknowledging it did not stop for the controller: one that exited 0
+    ``acked`` means this run acknowledged the pending stop request (``ack-<round>.<run>``). A
+    job that ended *without* acknowledging it did not stop for the controller: one that exited 0
     finished its training in the moment between the request and its next look at the control
     files, and is DONE (requeueing it would run a finished job a second time).
     """

@@ -437,12 +437,11 @@ def test_sigkill_while_waiting_for_a_checkpoint_then_restart_completes_every_job
     controller = site.spawn_round()
     try:
 
+        def acked(sia_id: str) -> bool:
+            return any(site.paths.job_dir(sia_id).glob(f"ack-{grow_round}.*"))
+
         def inside_apply() -> bool:
-            return (
-                site.paths.ack("calm", grow_round).exists()
-                and bool(site.events("slow", "stop-seen"))
-                and not site.paths.ack("slow", grow_round).exists()
-            )
+            return acked("calm") and bool(site.events("slow", "stop-seen")) and not acked("slow")
 
         wait_for(inside_apply, "the round to wait for the slow job's checkpoint", 30.0)
     finally:

@@ -314,7 +314,7 @@ def test_symlinks_fifos_huge_and_bad_files_are_refused_and_rounds_go_on(
     mine = site.paths.job_dir(sia_id)
     # Every name the controller reads there, or wrote there before it had its own tree,
     # points at root's file.
-    for name in ("metrics.json", "ack-999", "assignment.json", "stop.json", "slurm.json",
+    for name in ("metrics.json", "ack-999.1.0", "assignment.json", "stop.json", "slurm.json",
                  "batch-script", "batch-script.tmp"):  # fmt: skip
         link = site.as_user(alice, ["ln", "-sf", str(site.sentinel), str(mine / name)])
         assert link.returncode == 0, link.stderr

@@ -91,6 +91,7 @@ def _job_env(tmp_path: Path, **overrides: object) -> JobEnvironment:
         "init_batch_size": 8,
         "max_batch_size": 64,
         "launch_round": 1,
+        "slurm_job_id": "7",
         "linger_s": 0.2,
         "poll_interval_s": 1e-9,  # poll the files at every step
     }

@@ -40,7 +40,14 @@ def assignment(round_index: int, **overrides: object) -> Assignment:
 
 @pytest.fixture
 def files(tmp_path: Path) -> ControlFiles:
-    return ControlFiles(StatePaths(tmp_path), "job-1", launch_round=3, poll_interval_s=1.0)
+    return ControlFiles(
+        StatePaths(tmp_path),
+        "job-1",
+        launch_round=3,
+        poll_interval_s=1.0,
+        slurm_job_id="41",
+        restart_count=2,
+    )
 
 
 def test_stop_request_applies_only_when_later_than_the_launch_and_not_acknowledged(
@@ -54,7 +61,8 @@ def test_stop_request_applies_only_when_later_than_the_launch_and_not_acknowledg
     stop = files.pending_stop()
     assert stop is not None and stop.round_index == 4
     ack = files.write_ack(4)
-    assert ack == paths.ack("job-1", 4) and ack.read_bytes() == b""
+    assert ack == paths.ack("job-1", 4, "41", 2) and ack.read_bytes() == b""
+    assert ack.name == "ack-4.41.2"  # names the run that wrote it
     assert files.pending_stop() is None
     assert not list(ack.parent.glob(".*.tmp"))
 
@@ -87,7 +95,15 @@ def test_new_assignment_is_reported_once_and_only_when_later(
 
 def test_polls_are_rate_limited_unless_woken() -> None:
     now = [100.0]
-    files = ControlFiles(StatePaths(Path("/nonexistent")), "j", 0, 1.0, clock=lambda: now[0])
+    files = ControlFiles(
+        StatePaths(Path("/nonexistent")),
+        "j",
+        0,
+        1.0,
+        clock=lambda: now[0],
+        slurm_job_id="41",
+        restart_count=0,
+    )
     assert files.due()
     now[0] += 0.5
     assert not files.due()

@@ -217,14 +217,17 @@ def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path)
 def test_exit_status_says_stopped_only_for_an_acknowledged_later_stop(tmp_path: Path) -> None:
     paths = StatePaths(tmp_path)
     paths.job_dir("s1-abcd").mkdir(parents=True)  # the job's (sia-sbatch made it)
-    assert not stopped_on_request(paths, "s1-abcd", 7)
+    run = SlurmAllocation.from_env(SLURM)  # job 41 after one restart
+    assert not stopped_on_request(paths, "s1-abcd", 7, run)
     write_document(paths.stop_request("s1-abcd"), StopRequest("s1-abcd", 7))
-    paths.ack("s1-abcd", 7).touch()
-    assert not stopped_on_request(paths, "s1-abcd", 7)  # the stop before this start
+    paths.ack("s1-abcd", 7, "41", 1).touch()
+    assert not stopped_on_request(paths, "s1-abcd", 7, run)  # the stop before this start
     write_document(paths.stop_request("s1-abcd"), StopRequest("s1-abcd", 8))
-    assert not stopped_on_request(paths, "s1-abcd", 7)  # requested, not acknowledged
-    paths.ack("s1-abcd", 8).touch()
-    assert stopped_on_request(paths, "s1-abcd", 7)
+    assert not stopped_on_request(paths, "s1-abcd", 7, run)  # requested, not acknowledged
+    paths.ack("s1-abcd", 8, "41", 0).touch()
+    assert not stopped_on_request(paths, "s1-abcd", 7, run)  # by the run before: not this one
+    paths.ack("s1-abcd", 8, "41", 1).touch()
+    assert stopped_on_request(paths, "s1-abcd", 7, run)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     # ---- round 2: stop (checkpoint + ack), requeue held, retype and grow, release ----------
     write_document(paths.stop_request(sia_id), StopRequest(sia_id, 2, time.time()))
     scontrol.run(["scancel", "--batch", "--signal=USR1", job_id])
-    wait_for("ack-2", paths.ack(sia_id, 2).exists, 60, job_out)
+    wait_for("ack-2", paths.ack(sia_id, 2, job_id, 0).exists, 60, job_out)
     trained = len(steps_of(read_samples(samples), 0))
     time.sleep(1.0)
     assert show_job()["JobState"] == "RUNNING"  # idle, waiting for the requeue
@@ -193,7 +193,7 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     # ---- round 3: stop again, for a checkpoint of the second run; then cancel -------------
     write_document(paths.stop_request(sia_id), StopRequest(sia_id, 3, time.time()))
     scontrol.run(["scancel", "--batch", "--signal=USR1", job_id])
-    wait_for("ack-3", paths.ack(sia_id, 3).exists, 60, job_out)
+    wait_for("ack-3", paths.ack(sia_id, 3, job_id, 1).exists, 60, job_out)
     scontrol.run(["scancel", job_id])
     output = job_out.read_text()
     assert "stopped on request and checkpointed; exit 75" in output

@@ -80,7 +80,7 @@ def test_stop_request_checkpoints_acknowledges_lingers_and_exits(make_env) -> No
     assert stopped.value.code == 0
     # the request was seen at step 4's agreement; nothing trained after it
     assert trainer.step == 4 and sum(seen.values()) == 4 * 8
-    assert paths.ack(env.sia_id, 2).exists()
+    assert paths.ack(env.sia_id, 2, env.slurm_job_id, env.restarts).exists()
     assert trainer.checkpoints.steps() == [4]
 
     # the next start (a new assignment of round 2 with another batch) resumes exactly

@@ -288,7 +288,8 @@ class FakeSlurm:
             sia_id = self.jobs[job_id]["comment"].split(":", 1)[1]
             if now - since >= self.ack_delay_s.get(sia_id, 0.0):
                 request = read_document(StopRequest, self.paths.stop_request(sia_id))
-                self.paths.ack(sia_id, request.round_index).write_text("")
+                run = (job_id, self.jobs[job_id]["restart_cnt"])
+                self.paths.ack(sia_id, request.round_index, *run).write_text("")
                 del self._signalled[job_id]
 
 

@@ -11,7 +11,9 @@ Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protoc
 * on ``stop.json`` (polled; SIGUSR1 only wakes it up) checkpoints, writes ``ack-<round>``, and
   idles until Slurm's SIGTERM (the requeue) or ``--linger`` seconds; a request not newer than
   the assignment it started with is stale and ignored (``docs/protocol.md``); with
-  ``--ack-delay S`` the checkpoint takes S seconds (a slow job, for crash tests);
+  ``--ack-delay S`` the checkpoint takes S seconds (a slow job, for crash tests); with
+  ``--exit-delay S`` it takes S seconds to exit once Slurm's SIGTERM came (as sia-launch
+  tearing down torchrun does), so the job stays COMPLETING that long;
 * with ``--steps N`` exits 0 once the counter reaches N (training done), and with
   ``--finish-file F`` once F exists (training done when the test says so); with
   ``--fail-at N`` exits 1 when the counter reaches N (the user's code fails);
@@ -107,6 +109,7 @@ class ProtocolJob:
         ack_delay: float = 0.0,
         profile: SeedProfile | None = None,
         fail_at: int | None = None,
+        exit_delay: float = 0.0,
     ) -> None:
         self.paths = paths
         self.sia_id = sia_id
@@ -116,6 +119,7 @@ class ProtocolJob:
         self.ack_delay = ack_delay
         self.profile = profile
         self.fail_at = fail_at
+        self.exit_delay = exit_delay
         self.checkpoint = paths.job_dir(sia_id) / "counter.json"
         self.events = paths.job_dir(sia_id) / "events.jsonl"
         self.terminated = False
@@ -140,6 +144,8 @@ class ProtocolJob:
         if run[0]:
             record = RunExit(self.sia_id, run[0], run[1], cause.value, status, time.time())
             write_document(self.paths.job_dir(self.sia_id) / exit_name(*run), record)
+        if self.terminated:
+            time.sleep(self.exit_delay)
         return status
 
     def _run(self) -> tuple[int, ExitCause]:
@@ -223,7 +229,8 @@ class ProtocolJob:
         if self.terminated:
             self.log("terminated")
             return 143, ExitCause.TERMINATED
-        write_json_atomic(self.paths.ack(self.sia_id, stop.round_index), {})
+        run = (os.environ.get("SLURM_JOB_ID", ""), self.restart_count)
+        write_json_atomic(self.paths.ack(self.sia_id, stop.round_index, *run), {})
         self.log("acked", round=stop.round_index)
         deadline = time.time() + self.linger
         while not self.terminated and time.time() < deadline:
@@ -280,6 +287,7 @@ def main() -> int:
     parser.add_argument("--finish-file", type=Path, default=None)
     parser.add_argument("--ack-delay", type=float, default=0.0)
     parser.add_argument("--fail-at", type=int, default=None, help="exit 1 at this count")
+    parser.add_argument("--exit-delay", type=float, default=0.0, help="seconds to exit on TERM")
     parser.add_argument("--seed-profile", type=Path, default=None)
     parser.add_argument("--profile-type", action="append", default=[], metavar="TYPE=PROFILE")
     args = parser.parse_args()
@@ -299,6 +307,7 @@ def main() -> int:
         ack_delay=args.ack_delay,
         profile=profile,
         fail_at=args.fail_at,
+        exit_delay=args.exit_delay,
     )
     return job.run()
 

@@ -403,7 +403,7 @@ def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> Non
     assert (assignment.slurm_job_id, assignment.slurm_restart_count) == (job_id, 1)
     assert not fake_slurm.paths.stop_request("a").exists()
     # The ack is the user's file: the controller never removes anything under jobs/.
-    assert fake_slurm.paths.ack("a", 2).exists()
+    assert fake_slurm.paths.ack("a", 2, job_id, 0).exists()
 
     fake_slurm.start(job_id, ["a100-1", "a100-2"])
     fake_slurm.clear_calls()
@@ -497,7 +497,7 @@ def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -
     job_id = fake_slurm.submit("a")
     backend = backend_for(fake_slurm)
     write_document(fake_slurm.paths.stop_request("a"), StopRequest("a", 3))
-    fake_slurm.paths.ack("a", 3).write_text("")
+    fake_slurm.paths.ack("a", 3, job_id, 0).write_text("")
     fake_slurm.job(job_id).update(job_state="COMPLETED", priority=1, state_reason="None")
     (result,) = backend.apply([start("a", "t4", ["t4-2"], 1, round_index=4)])
     assert result.ok, result.message
@@ -512,7 +512,7 @@ def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -
     assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.restarts, assignment.slurm_restart_count) == (1, 1)
-    assert fake_slurm.paths.ack("a", 3).exists()  # the user's: left alone
+    assert fake_slurm.paths.ack("a", 3, job_id, 0).exists()  # the user's: left alone
 
 
 def test_an_update_that_does_not_take_fails_the_action(fake_slurm: Any) -> None:
@@ -556,7 +556,10 @@ def test_shrink_by_resubmission_keeps_the_sia_id(fake_slurm: Any) -> None:
     assert (assignment.slurm_job_id, assignment.restarts) == (new, 1)
     assert assignment.slurm_restart_count == 0  # the new job's first run
     # Nothing of the controller's under the user's directory.
-    assert sorted(p.name for p in fake_slurm.paths.job_dir("a").iterdir()) == ["ack-2", "spec.json"]
+    assert sorted(p.name for p in fake_slurm.paths.job_dir("a").iterdir()) == [
+        f"ack-2.{old}.0",
+        "spec.json",
+    ]
     fake_slurm.start(new, ["t4-1"])
     snapshot = backend.snapshot()
     (job,) = [j for j in snapshot.jobs if j.sia_id == "a"]

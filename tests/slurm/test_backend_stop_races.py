@@ -60,11 +60,11 @@ def test_a_job_that_acked_a_later_stop_then_failed_is_pending_not_failed(fake_sl
     is that of the stop request's round (5), not the assignment's (1)."""
     job_id, backend = running_job(fake_slurm)
     write_document(fake_slurm.paths.stop_request("a"), StopRequest("a", 5))
-    fake_slurm.paths.ack("a", 5).write_text("")
+    fake_slurm.paths.ack("a", 5, job_id, 0).write_text("")
     ended(fake_slurm, job_id, "FAILED")
     phase, message = phase_of(backend)
     assert phase is JobPhase.PENDING, message
-    fake_slurm.paths.ack("a", 5).unlink()
+    fake_slurm.paths.ack("a", 5, job_id, 0).unlink()
     # Without the ack it did not stop: it failed. Its launcher's record says by whose doing.
     phase, message = phase_of(backend)
     assert phase is JobPhase.PENDING and "brought back" in message  # none: Slurm's doing
@@ -79,7 +79,7 @@ def test_a_job_that_completed_without_acking_the_stop_is_done(fake_slurm: Any) -
     write_document(fake_slurm.paths.stop_request("a"), StopRequest("a", 5))
     ended(fake_slurm, job_id, "COMPLETED")
     assert phase_of(backend) == (JobPhase.DONE, "completed before it was stopped")
-    fake_slurm.paths.ack("a", 5).write_text("")  # it did stop for us: requeue it
+    fake_slurm.paths.ack("a", 5, job_id, 0).write_text("")  # it did stop for us: requeue it
     assert phase_of(backend)[0] is JobPhase.PENDING
 
 
