@@ -10,7 +10,13 @@ import pytest
 from sia_slurm.core import Configuration, JobKind
 from sia_slurm.policy.base import JobView, NodeShare, PolicyInput
 from sia_slurm.policy.fifo import FifoPolicy, FifoPolicyConfig
-from sia_slurm.policy.gavel import GavelPolicy, GavelPolicyConfig, GavelState
+from sia_slurm.policy.gavel import (
+    GavelPolicy,
+    GavelPolicyConfig,
+    GavelState,
+    requested_shapes,
+    solve_lp,
+)
 from sia_slurm.policy.placement import place
 from sia_slurm.policy.pollux import PolluxPolicy, PolluxPolicyConfig, build_problem, warm_start
 from sia_slurm.policy.registry import POLICIES, make_policy
@@ -66,7 +72,12 @@ def test_fifo_and_gavel_grant_only_shapes_that_fit_on_nodes():
     fifo = FifoPolicy().solve(PolicyInput(cluster, jobs))
     assert set(fifo.jobs) == {"s0", "s1", "s2"}
     gavel = GavelPolicy().solve(PolicyInput(cluster, jobs, now=0.0))
-    assert "big" not in gavel.jobs or len(gavel.jobs) <= 2  # never all four: no room for that
+    # No job has received time yet, so every priority is infinite and the reference's tie rule
+    # (keep previous workers when possible) puts the three running jobs first; after them no
+    # two whole nodes are free, so the big job waits rather than evicting them.
+    assert {job_id: share.config for job_id, share in gavel.jobs.items()} == {
+        f"s{i}": one for i in range(3)
+    }
     assert place(cluster, gavel, jobs).unplaced == ()
 
 
@@ -84,22 +95,52 @@ def test_gavel_gives_each_job_the_type_it_benefits_most_from():
     assert allocation.jobs["likes_b"].config.gpu_type == "B"
 
 
-@pytest.mark.parametrize("objective", ["max_min_fairness", "max_total_throughput"])
-def test_gavel_time_shares_one_gpu_by_priority_across_rounds(objective):
-    """Two identical jobs, one GPU: the job that got less time runs next round."""
-    cluster = make_cluster([("A", 1, 1)])
-    jobs = (rigid("x", 1, {"A": 1}, age=360), rigid("y", 1, {"A": 1}, age=360))
+# Two jobs that never fit together on one 2-GPU node: "wide" asks for 2 GPUs, "narrow" for 1.
+# Per the reference's LP, with throughputs normalised by an equal time share (2 GPUs for 3 asked:
+# 2/3 of the time each, so each job's normalised throughput is 1.5 X whatever its speed):
+# - max-min fairness: max t, t <= 1.5 X_wide, t <= 1.5 X_narrow, 2 X_wide + X_narrow <= 2
+#   -> X_wide = X_narrow = 2/3;
+# - max total throughput: max 1.5 (X_wide + X_narrow), X_narrow <= 1, 2 X_wide + X_narrow <= 2
+#   -> X_narrow = 1, X_wide = 1/2 (the only optimum).
+# The round mechanism realises X: the jobs alternate in X's proportions, so over 12 rounds of
+# 360 s each runs 6 rounds under max-min, and narrow 8 to wide's 4 under max total throughput.
+TIME_SHARE_CASES = {
+    "max_min_fairness": ({"wide": 2 / 3, "narrow": 2 / 3}, {"wide": 6, "narrow": 6}),
+    "max_total_throughput": ({"wide": 1 / 2, "narrow": 1.0}, {"wide": 4, "narrow": 8}),
+}
+
+
+@pytest.mark.parametrize("objective", sorted(TIME_SHARE_CASES))
+def test_gavel_time_shares_one_node_by_priority_across_rounds(objective):
+    """The LP's targets are the hand-derived ones, the job that got less time than its target
+    runs next, a mid-round solve keeps the allocation, and over many rounds each job's time
+    matches its target's share."""
+    targets, rounds_run = TIME_SHARE_CASES[objective]
+    cluster = make_cluster([("A", 1, 2)])
+    jobs = (rigid("wide", 2, {"A": 1}), rigid("narrow", 1, {"A": 1}))
+    _, throughput, _ = requested_shapes(PolicyInput(cluster, jobs))
+    solved = solve_lp(throughput, np.array([2.0, 1.0]), np.array([2.0]), objective)
+    assert solved[:, 0] == pytest.approx([targets["wide"], targets["narrow"]], abs=1e-6)
+
     policy = GavelPolicy(GavelPolicyConfig(objective=objective))
-    first = policy.solve(PolicyInput(cluster, jobs, now=0))
-    (winner,) = first.jobs
-    mid = policy.solve(PolicyInput(cluster, jobs, first, now=60))
-    assert set(mid.jobs) == {winner} and mid.info.status == "kept"
-    later = tuple(dataclasses.replace(j, age=j.age + 360) for j in jobs)
-    second = policy.solve(PolicyInput(cluster, later, mid, now=360))
-    assert set(second.jobs) == ({"x", "y"} - {winner}) or objective == "max_total_throughput"
-    state = second.state
+    previous, ran = None, []
+    for index in range(12):
+        now = 360.0 * index
+        aged = tuple(dataclasses.replace(job, age=now) for job in jobs)
+        allocation = policy.solve(PolicyInput(cluster, aged, previous, now=now))
+        assert allocation.info.status == "optimal"
+        (winner,) = allocation.jobs  # never both: 3 GPUs asked of 2
+        ran.append(winner)
+        if index == 0:  # a solve inside the round keeps the allocation and counts no new time
+            mid = policy.solve(PolicyInput(cluster, aged, allocation, now=60.0))
+            assert set(mid.jobs) == {winner} and mid.info.status == "kept"
+        previous = allocation
+    assert ran[1] != ran[0]  # the job that has had no time has the infinite priority
+    assert {job: ran.count(job) for job in rounds_run} == rounds_run
+    state = previous.state
     assert isinstance(state, GavelState)
-    assert state.received[winner]["A"] == pytest.approx(360)
+    # Time received up to the last round's start: every earlier round's winner, 360 s each.
+    assert dict(state.received[ran[0]]) == pytest.approx({"A": 360.0 * ran[:-1].count(ran[0])})
 
 
 def test_gavel_config_rejects_unknown_objective():
@@ -224,5 +265,55 @@ def test_every_policy_handles_an_empty_round_and_places_validly(name):
     assert make_policy(name).solve(PolicyInput(cluster, ())).jobs == {}
     jobs = tuple(dataclasses.replace(j, requested_gpus=2) for j in pollux_jobs(6, 2))
     allocation = make_policy(name).solve(PolicyInput(cluster, jobs))
-    assert allocation.jobs
     assert_pollux_valid(cluster, allocation, jobs)
+    granted = {job_id: share.config for job_id, share in allocation.jobs.items()}
+    # 16 GPUs, six jobs asking for 2 each: there is room for all, and every policy runs them all
+    # (FIFO and Gavel at the size asked; for Pollux and Sia one left out ruins the power mean).
+    assert set(granted) == {job.job_id for job in jobs}
+    EVERY_POLICY_EXPECTATIONS[name](jobs, granted)
+
+
+def _fifo_expectation(jobs, granted) -> None:
+    """Arrival order (all arrive at 0: by id) at the size asked, on the first type in the
+    cluster's order with room: A's 8 GPUs hold the first four, B the last two."""
+    assert granted == {
+        job.job_id: Configuration("A" if i < 4 else "B", 1, 2) for i, job in enumerate(jobs)
+    }
+
+
+def _gavel_expectation(jobs, granted) -> None:
+    """At the size asked, each on the type it is faster on: here that fits (two jobs faster on
+    A take 4 of its 8 GPUs, four faster on B take its 8)."""
+    faster = {job.job_id: max(job.estimator.speed, key=job.estimator.speed.get) for job in jobs}
+    assert sorted(faster.values()).count("A") == 2
+    assert granted == {job_id: Configuration(t, 1, 2) for job_id, t in faster.items()}
+
+
+def _growth_cap_expectation(jobs, granted) -> None:
+    """Elastic: any size up to twice the most GPUs a job has run on (1 before its first run)."""
+    for job in jobs:
+        assert 1 <= granted[job.job_id].gpus <= max(2 * job.max_gpus_seen, 1), job.job_id
+
+
+def _sia_expectation(jobs, granted) -> None:
+    """The growth cap, and only Sia's configurations: a power of two inside one node (A: 4 GPUs
+    per node, B: 8) or whole nodes."""
+    _growth_cap_expectation(jobs, granted)
+    per_node = {"A": 4, "B": 8}
+    for job_id, config in granted.items():
+        gpus, nodes = config.gpus, config.nodes
+        whole_nodes = nodes > 1 and gpus == nodes * per_node[config.gpu_type]
+        in_one_node = nodes == 1 and gpus <= per_node[config.gpu_type] and gpus & (gpus - 1) == 0
+        assert whole_nodes or in_one_node, (job_id, config)
+
+
+EVERY_POLICY_EXPECTATIONS = {
+    "fifo": _fifo_expectation,
+    "gavel": _gavel_expectation,
+    "pollux": _growth_cap_expectation,
+    "sia": _sia_expectation,
+}
+
+
+def test_every_policy_has_an_expectation():
+    assert set(EVERY_POLICY_EXPECTATIONS) == set(POLICIES)
