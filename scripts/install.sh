@@ -5,10 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# chromium renders the static dashboard in its headless test (sia-slurm report).
-packages="slurmctld slurmd slurm-client munge chromium"
+# chromium renders the static dashboard in its headless test (sia-slurm report); debootstrap
+# builds the Debian roots of other Slurm releases (`sia-slurm dev-cluster root 24.11|26.05`,
+# cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; sia_slurm/devcluster/roots.py).
+packages="slurmctld slurmd slurm-client munge chromium debootstrap"
 missing=0
-for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium; do
+for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium debootstrap; do
     command -v "$program" >/dev/null 2>&1 || [ -x "/usr/sbin/$program" ] || missing=1
 done
 if [ "$missing" = 1 ]; then

@@ -15,6 +15,14 @@ from sia_slurm.devcluster import (
     controller_config,
 )
 from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE
+from sia_slurm.devcluster.roots import (
+    CACHE_ENV,
+    DEFAULT_CACHE_DIR,
+    DEFAULT_MIRROR,
+    RELEASE_SUITES,
+    RootError,
+    ensure_root,
+)
 
 _DIR = click.option(
     "--dir",
@@ -181,3 +189,39 @@ def config(spec: str, state_dir: Path, round_seconds: float, policy: str, dry_ru
         comment=f"Written by `sia-slurm dev-cluster config --spec {parsed}`.",
     )
     click.echo(text, nl=False)
+
+
+# ---- roots: other Slurm releases, from Debian ----------------------------------------------------
+
+
+@dev_cluster.command(
+    "root",
+    help="""Build (once) a Debian root holding Slurm RELEASE; print its path.
+
+\b
+Runs debootstrap (installed with apt-get if missing) for the Debian suite
+that carries RELEASE (24.11: trixie, 26.05: forky), with slurmctld,
+slurmd, slurm-client, munge and python3, into CACHE_DIR/RELEASE. A
+finished root is reused; an unfinished one is built again. Refuses a root
+whose `slurmctld -V` is not RELEASE. Needs root. The daemons then run as
+`chroot ROOT ...` with /proc, /dev and /sys bound in.
+""",
+)
+@click.argument("release", type=click.Choice(sorted(RELEASE_SUITES)))
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_CACHE_DIR,
+    show_default=True,
+    envvar=CACHE_ENV,
+    help=f"Where the roots live, one directory per release [env {CACHE_ENV}].",
+)
+@click.option("--mirror", default=DEFAULT_MIRROR, show_default=True, help="Debian archive.")
+def root(release: str, cache_dir: Path, mirror: str) -> None:
+    try:
+        built = ensure_root(release, cache_dir, log=_say, mirror=mirror)
+    except RootError as exc:
+        _say(f"sia-slurm dev-cluster root: {exc}")
+        raise SystemExit(1) from None
+    _say(f"Slurm {built.version} (Debian {built.suite})")
+    click.echo(str(built.path))
