@@ -14,6 +14,7 @@ import pytest
 
 from sia_slurm.cluster import BatchChoice, JobPhase, Move, Rebatch, Start, Stop
 from sia_slurm.core import Configuration
+from sia_slurm.devcluster.access import Account
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import (
     Assignment,
@@ -29,6 +30,7 @@ from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.commands import SQUEUE_JSON as SQUEUE
 from sia_slurm.slurm.runner import CommandResult
 from sia_slurm.state.tree import set_up
+from tests.accounts import TestAccounts, run_as
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 BATCH = BatchChoice(32, 32, 0)
@@ -89,25 +91,63 @@ RUN_1 = Assignment("run-1", 3, "a100", "a100", 1, 2, ("a100-1",), 64, 32, 0, slu
 CAPTURED_IDS = ("pend-1", "run-1", "requeued-1", "done-1", "failed-1")
 
 
-@pytest.fixture
-def captured(tmp_path: Path) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
-    """The captured squeue with its jobs owned by this process's uid (the fixture's owner was
-    root), and their directories made as sia-sbatch makes them in a tree as setup makes it."""
-    paths = StatePaths(tmp_path / "state")
-    set_up(paths.state_dir, os.geteuid(), os.getegid())
-    for sia_id in CAPTURED_IDS:
-        paths.job_dir(sia_id).mkdir(mode=0o755)
-        write_document(paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+def captured_backend(paths: StatePaths, user_id: int) -> tuple[SlurmBackend, FixtureRunner]:
+    """A backend whose Slurm answers with the captured output, its jobs owned by ``user_id``
+    (the fixture's owner was root)."""
     squeue = json.loads((FIXTURES / "squeue-mixed.json").read_text())
     for job in squeue["jobs"]:
-        job["user_id"] = os.geteuid()
+        job["user_id"] = user_id
     runner = FixtureRunner(
         json.dumps(squeue),
         (FIXTURES / "show-node-drained.txt").read_text(),
         (FIXTURES / "show-reservation.txt").read_text(),
     )
-    backend = SlurmBackend(make_config(paths.state_dir), runner)
-    return backend, runner, paths
+    return SlurmBackend(make_config(paths.state_dir), runner), runner
+
+
+@pytest.fixture
+def captured(tmp_path: Path) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
+    """The captured squeue with its jobs owned by this process's uid, and their directories
+    made as sia-sbatch makes them in a tree as setup makes it."""
+    paths = StatePaths(tmp_path / "state")
+    set_up(paths.state_dir, os.geteuid(), os.getegid())
+    for sia_id in CAPTURED_IDS:
+        paths.job_dir(sia_id).mkdir(mode=0o755)
+        write_document(paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+    return (*captured_backend(paths, os.geteuid()), paths)
+
+
+def as_user(account: Account, *argv: str | Path) -> None:
+    """Run ``argv`` as ``account`` (a real local user); it must succeed."""
+    proc = run_as(account.name, [str(arg) for arg in argv])
+    assert proc.returncode == 0, f"{argv} as {account.name}: {proc.stderr.strip()}"
+
+
+def write_as(account: Account, path: Path, document: Any, mode: str = "644") -> None:
+    """``document`` at ``path`` in a file that ``account`` creates itself, so it owns it: the
+    text is staged next to the state tree and copied by ``install`` run as that user."""
+    staged = path.parent.parent.parent / f"staged-{account.name}-{path.name}"
+    write_document(staged, document)
+    staged.chmod(0o644)
+    as_user(account, "install", "-m", mode, staged, path)
+    staged.unlink()
+
+
+@pytest.fixture
+def alices_captured(
+    test_accounts: TestAccounts, shared_tmp_path: Path
+) -> tuple[SlurmBackend, FixtureRunner, StatePaths]:
+    """The captured squeue with its jobs owned by siaalice, a real account, who made their
+    directories and wrote their specs herself (as sia-sbatch does, run by her), in a tree that
+    other accounts can reach; the controller is this process."""
+    alice = test_accounts.alice
+    paths = StatePaths(shared_tmp_path / "state")
+    set_up(paths.state_dir, os.geteuid(), os.getegid())
+    for sia_id in CAPTURED_IDS:
+        as_user(alice, "mkdir", "-m", "755", paths.job_dir(sia_id))
+        write_as(alice, paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+    assert {paths.spec(i).stat().st_uid for i in CAPTURED_IDS} == {alice.uid}
+    return (*captured_backend(paths, alice.uid), paths)
 
 
 def test_snapshot_of_captured_cluster(captured: Any) -> None:
@@ -243,42 +283,66 @@ def test_bad_metrics_files_are_rejected_once_and_never_crash(captured: Any) -> N
 
 
 def test_files_of_another_user_are_rejected_and_the_spec_cannot_claim_an_owner(
-    captured: Any,
+    alices_captured: Any, test_accounts: TestAccounts, shared_tmp_path: Path
 ) -> None:
-    backend, _, paths = captured
+    backend, _, paths = alices_captured
+    alice, bob = test_accounts.alice, test_accounts.bob
     write_document(paths.assignment("run-1"), RUN_1)
     # The spec's owner and age are the user's to write, so they count for nothing.
-    write_document(
+    write_as(
+        alice,
         paths.spec("run-1"),
-        JobSpec(sia_id="run-1", app="cifar10", owner_uid=4242, submit_time=1.0),
+        JobSpec(sia_id="run-1", app="cifar10", owner_uid=bob.uid, submit_time=1.0),
     )
-    write_document(paths.metrics("run-1"), report("run-1", 100.0))
-    os.chown(paths.metrics("run-1"), 4242, 4242)  # hard-linked in from another account, say
+    # A report that siabob wrote (his file, left writable by all), hard-linked by siaalice into
+    # her job directory: the kernel lets her (protected_hardlinks: she may write it), and the
+    # file in her directory is still his.
+    stash = shared_tmp_path / "stash"
+    stash.mkdir()
+    stash.chmod(0o1777)  # sticky, like /tmp: anyone makes files, only their owner removes them
+    write_as(bob, stash / "report.json", report("run-1", 100.0), mode="666")
+    as_user(alice, "ln", stash / "report.json", paths.metrics("run-1"))
+    assert paths.metrics("run-1").stat().st_uid == bob.uid
     snapshot = backend.snapshot()
     assert snapshot.reports == ()
     assert snapshot.rejected == (
-        f"{paths.metrics('run-1')}: owned by uid 4242, but the job's Slurm user is uid "
-        f"{os.geteuid()}",
+        f"{paths.metrics('run-1')}: owned by uid {bob.uid}, but the job's Slurm user is uid "
+        f"{alice.uid}",
     )
     (run,) = [job for job in snapshot.jobs if job.sia_id == "run-1"]
-    assert (run.spec.owner_uid, run.spec.submit_time) == (os.geteuid(), 1795336149.0)
+    assert (run.spec.owner_uid, run.spec.submit_time) == (alice.uid, 1795336149.0)
+    # The same report as her own file is taken: only the owner made the difference.
+    as_user(alice, "rm", paths.metrics("run-1"))
+    write_as(alice, paths.metrics("run-1"), report("run-1", 100.0))
+    snapshot = backend.snapshot()
+    assert [(r.sia_id, r.time) for r in snapshot.reports] == [("run-1", 100.0)]
+    assert snapshot.rejected == ()
     backend.apply([])  # the records of first sight are written
-    # A job directory that another account owns is not the job's: nothing in it is read.
-    os.chown(paths.job_dir("pend-1"), 4242, 4242)
+    # A job directory that another account owns is not the job's: siaalice removes hers (the
+    # sticky jobs/ lets only her) and siabob makes one of the same name, with a valid spec.
+    as_user(alice, "rm", "-r", paths.job_dir("pend-1"))
+    as_user(bob, "mkdir", "-m", "755", paths.job_dir("pend-1"))
+    write_as(bob, paths.spec("pend-1"), JobSpec(sia_id="pend-1", app="cifar10"))
     snapshot = backend.snapshot()
     assert "pend-1" not in {job.sia_id for job in snapshot.jobs}
     assert snapshot.rejected == (
-        f"job pend-1: not scheduled: {paths.job_dir('pend-1')}: owned by uid 4242, but the "
-        f"job's Slurm user is uid {os.geteuid()}",
+        f"job pend-1: not scheduled: {paths.job_dir('pend-1')}: owned by uid {bob.uid}, but the "
+        f"job's Slurm user is uid {alice.uid}",
     )
 
 
-def test_a_job_whose_directory_is_not_its_users_is_never_managed(captured: Any) -> None:
+def test_a_job_whose_directory_is_not_its_users_is_never_managed(
+    alices_captured: Any, test_accounts: TestAccounts
+) -> None:
     """At first sight the job's user is the owner of ``jobs/<sia_id>/``, a real directory,
     who must also own the Slurm job: otherwise the job is not scheduled."""
-    backend, _, paths = captured
-    os.rename(paths.job_dir("pend-1"), paths.state_dir.parent / "real-pend-1")
-    paths.job_dir("pend-1").symlink_to(paths.state_dir.parent / "real-pend-1")
+    backend, _, paths = alices_captured
+    alice, bob = test_accounts.alice, test_accounts.bob
+    # siaalice swaps her directory for a symlink to it (moved beside it, in the jobs/ every user
+    # may write): the directory is hers, the name is not a directory.
+    real = paths.jobs_dir / "real-pend-1"
+    as_user(alice, "mv", paths.job_dir("pend-1"), real)
+    as_user(alice, "ln", "-s", real, paths.job_dir("pend-1"))
     snapshot = backend.snapshot()
     assert "pend-1" not in {job.sia_id for job in snapshot.jobs}
     assert "pend-1" not in backend.enforcement.new_records
@@ -290,15 +354,17 @@ def test_a_job_whose_directory_is_not_its_users_is_never_managed(captured: Any) 
     backend.apply([])  # records only the jobs it manages
     assert not paths.slurm_record("pend-1").exists()
     assert paths.slurm_record("run-1").exists()
-    if os.geteuid() == 0:  # a real directory of another account: not the job's either
-        paths.job_dir("pend-1").unlink()
-        paths.job_dir("pend-1").mkdir()
-        os.chown(paths.job_dir("pend-1"), 4242, 4242)
-        fresh = SlurmBackend(backend.config, backend.runner)  # says everything once again
-        assert fresh.snapshot().rejected == (
-            f"job pend-1: not scheduled: Slurm job(s) 13 carry it, but "
-            f"{paths.job_dir('pend-1')} is not a directory of their user",
-        )
+    # A real directory, made by siabob before the job was first seen: not the job's either.
+    as_user(alice, "rm", paths.job_dir("pend-1"))
+    as_user(bob, "mkdir", "-m", "755", paths.job_dir("pend-1"))
+    write_as(bob, paths.spec("pend-1"), JobSpec(sia_id="pend-1", app="cifar10"))
+    assert paths.job_dir("pend-1").stat().st_uid == bob.uid
+    fresh = SlurmBackend(backend.config, backend.runner)  # says everything once again
+    assert fresh.snapshot().rejected == (
+        f"job pend-1: not scheduled: Slurm job(s) 13 carry it, but "
+        f"{paths.job_dir('pend-1')} is not a directory of their user",
+    )
+    assert not paths.slurm_record("pend-1").exists()
 
 
 def test_bad_spec_is_reported_and_the_job_left_out(captured: Any) -> None:
