@@ -9,12 +9,15 @@ allocation; a requeue bumps the restart count, holds the job under a *user* hold
 (``JobHeldAdmin``), which the job's user cannot release (:meth:`FakeSlurm.user_release`). Jobs
 belong to the test's own uid unless submitted for another. Every argv is recorded, so tests
 assert command sequences. Jobs acknowledge stop requests when signalled (like
-tests/slurm/protocol_job.py), unless told not to.
+tests/slurm/protocol_job.py), unless told not to. :meth:`FakeSlurm.fail` makes chosen
+``scontrol`` commands fail for chosen jobs as 22.05 does (exit 1, ``<reason> for job <id>`` on
+stderr, the other jobs of a job list done), or, for an update, exit 0 without taking.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -50,6 +53,31 @@ class FakeClock:
         self.on_sleep(self.time)
 
 
+# A refusal slurmctld gives any job command while it is busy (docs/slurm-actuation.md).
+BUSY = "Job update not available right now, the DB index is being set, try again in a bit"
+
+
+@dataclass
+class CommandFailure:
+    """Makes ``scontrol <verb>`` fail for Slurm job ``job_id``: ``verb`` is ``hold``,
+    ``release``, ``requeuehold`` or ``update``; an update fails only if it sets ``setting``
+    (``StartTime``, ``Partition``...) when one is given. The command exits 1 with ``reason``,
+    or, ``silent`` (an update only), exits 0 without changing the job, which is why the backend
+    reads a job back after an update (docs/slurm-actuation.md). ``times``: how many such
+    commands fail before they work again."""
+
+    verb: str
+    job_id: str
+    setting: str | None = None
+    reason: str = BUSY
+    times: float = math.inf
+    silent: bool = False
+
+
+class _Refused(Exception):
+    """What a fake command prints on stderr when it exits 1."""
+
+
 @dataclass
 class FakeSlurm:
     """An in-memory Slurm answering the backend's commands."""
@@ -65,6 +93,7 @@ class FakeSlurm:
     completing_s: dict[str, float] = field(default_factory=dict)  # sia id -> s COMPLETING
     ignore_fields: set[str] = field(default_factory=set)  # update fields that do not take
     on_release: Callable[[str], None] = lambda job_id: None
+    failures: list[CommandFailure] = field(default_factory=list)  # see :meth:`fail`
     cred_expire_s: int = 120  # AuthInfo's cred_expire, as `scontrol show config` says
     _signalled: dict[str, float] = field(default_factory=dict)
     _completing: dict[str, float] = field(default_factory=dict)  # job id -> PENDING from then
@@ -165,6 +194,32 @@ class FakeSlurm:
         assert job["job_state"] == "RUNNING", job
         self._requeue(job, "BeginTime", priority=1)
 
+    def fail(
+        self,
+        verb: str,
+        job_id: str,
+        *,
+        setting: str | None = None,
+        reason: str = BUSY,
+        times: float = math.inf,
+        silent: bool = False,
+    ) -> CommandFailure:
+        """Make ``scontrol <verb>`` fail for ``job_id`` (see :class:`CommandFailure`)."""
+        failure = CommandFailure(verb, job_id, setting, reason, times, silent)
+        self.failures.append(failure)
+        return failure
+
+    def _failure(self, verb: str, job_id: str, fields: Sequence[str] = ()) -> CommandFailure | None:
+        """The failure this command meets for ``job_id`` (counted), if any."""
+        for failure in self.failures:
+            if (failure.verb, failure.job_id) != (verb, job_id) or failure.times <= 0:
+                continue
+            if failure.setting is not None and failure.setting not in fields:
+                continue
+            failure.times -= 1
+            return failure
+        return None
+
     def clear_calls(self) -> None:
         self.calls.clear()
         self.call_times.clear()
@@ -189,6 +244,10 @@ class FakeSlurm:
             if check:
                 raise CommandError(argv, 1, f"Invalid job id specified {exc}") from None
             return CommandResult(tuple(argv), 1, "", "Invalid job id specified")
+        except _Refused as exc:
+            if check:
+                raise CommandError(argv, 1, str(exc)) from None
+            return CommandResult(tuple(argv), 1, "", str(exc))
         return CommandResult(tuple(argv), 0, stdout, "")
 
     def _answer(self, argv: list[str]) -> str:
@@ -216,8 +275,13 @@ class FakeSlurm:
             return self._update(argv[2:])
         if verb == "write":
             return "#!/bin/bash\nexec true\n"
+        refused = []
         for job_id in argv[2].split(","):
             job = self.jobs[job_id]
+            failure = self._failure(verb, job_id)
+            if failure is not None:
+                refused.append(f"{failure.reason} for job {job_id}")
+                continue
             if verb == "requeuehold":
                 self._requeue(job, "JobHeldUser", priority=0)  # a user hold, whoever asks
                 delay = self.completing_s.get(job["comment"].split(":", 1)[-1], 0.0)
@@ -231,12 +295,21 @@ class FakeSlurm:
                 self.on_release(job_id)
             else:
                 raise AssertionError(f"unexpected command {command}")
+        if refused:  # the others of the list were done; 22.05 says why per job, then this
+            reason = refused[-1].rsplit(" for job ", 1)[0]
+            raise _Refused("\n".join([*refused, f"slurm_suspend error: {reason}"]))
         return ""
 
     def _update(self, fields: list[str]) -> str:
         values = dict(f.split("=", 1) for f in fields)
+        refused = []
         for job_id in values.pop("JobId").split(","):
             job = self.jobs[job_id]
+            failure = self._failure("update", job_id, list(values))
+            if failure is not None:
+                if not failure.silent:
+                    refused.append(f"{failure.reason} for job {job_id}")
+                continue  # refused, or exit 0 without taking
             for key, value in values.items():
                 if key in self.ignore_fields:
                     continue
@@ -254,6 +327,8 @@ class FakeSlurm:
                     job["required_nodes"] = value
                 elif key == "StartTime":
                     job["start_time"] = self._begin_time(value)
+        if refused:
+            raise _Refused("\n".join(refused))
         return ""
 
     def _begin_time(self, value: str) -> int:
