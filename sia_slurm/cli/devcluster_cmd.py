@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,7 +15,7 @@ from sia_slurm.devcluster import (
     DevClusterSpec,
     controller_config,
 )
-from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE
+from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
 from sia_slurm.devcluster.roots import (
     CACHE_ENV,
     DEFAULT_CACHE_DIR,
@@ -23,6 +24,7 @@ from sia_slurm.devcluster.roots import (
     RootError,
     ensure_root,
 )
+from sia_slurm.slurm.runner import CommandError
 
 _DIR = click.option(
     "--dir",
@@ -103,6 +105,14 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     "the controller's service account runs in production; create it with `useradd --system`. "
     "slurmd still runs as the invoking user. Default: the invoking user.",
 )
+@click.option(
+    "--slurmd-timeout",
+    type=click.IntRange(5, 3600),
+    default=10,
+    show_default=True,
+    help="Slurm's SlurmdTimeout: a node whose slurmd died is DOWN after this, plus up to two "
+    "MessageTimeouts (~26 s in all with 10), and its --requeue jobs are requeued.",
+)
 def up(
     spec: str,
     root: Path,
@@ -110,13 +120,19 @@ def up(
     timeout: float,
     cred_expire: int,
     slurm_user: str | None,
+    slurmd_timeout: int,
 ) -> None:
     try:
         parsed = DevClusterSpec.parse(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--spec") from None
     cluster = DevCluster(
-        root, port_base=port_base, log=_say, cred_expire_s=cred_expire, slurm_user=slurm_user
+        root,
+        port_base=port_base,
+        log=_say,
+        cred_expire_s=cred_expire,
+        slurm_user=slurm_user,
+        slurmd_timeout_s=slurmd_timeout,
     )
     try:
         cluster.up(parsed, timeout_s=timeout)
@@ -147,6 +163,108 @@ def status(root: Path) -> None:
         raise SystemExit(1) from None
     if not cluster.is_up():
         raise SystemExit(1)
+
+
+# ---- faults: daemons that die and come back, nodes taken out and given back -------------------
+
+_DAEMON = click.argument("daemon", metavar="DAEMON")
+_NODE = click.argument("node", metavar="NODE")
+
+
+def _fault(name: str, step: Callable[[DevCluster], object], root: Path) -> None:
+    """Run one fault step on the cluster in ``root``; a DevClusterError exits 1 with its text."""
+    try:
+        step(DevCluster(root, log=_say))
+    except (DevClusterError, CommandError) as exc:
+        _say(f"sia-slurm dev-cluster {name}: {exc}")
+        raise SystemExit(1) from None
+
+
+def _kill(cluster: DevCluster, daemon: str, jobs: bool) -> None:
+    node = parse_daemon(daemon, cluster.node_names())
+    if node is None:
+        if jobs:
+            raise DevClusterError("--jobs goes with slurmd:NODE (slurmctld runs no jobs)")
+        cluster.kill_slurmctld()
+    else:
+        cluster.kill_slurmd(node, jobs=jobs)
+
+
+def _start(cluster: DevCluster, daemon: str) -> None:
+    node = parse_daemon(daemon, cluster.node_names())
+    if node is None:
+        cluster.start_slurmctld()
+    else:
+        cluster.start_slurmd(node)
+
+
+_JOBS = click.option(
+    "--jobs",
+    is_flag=True,
+    help="With slurmd:NODE: kill the node's job processes too (slurmstepd and what it "
+    "started), as when the node itself dies; without it they live on, as when slurmd alone "
+    "crashes (Slurm kills them once the restarted slurmd reports them).",
+)
+
+
+@dev_cluster.command(
+    help="""Kill a daemon with SIGKILL, as a crash: slurmctld or slurmd:NODE.
+
+
+slurmctld: running jobs go on; what slurmctld had not saved yet (it saves
+a few seconds after a change) is lost when it starts again. slurmd:NODE:
+the node goes NOT_RESPONDING, then DOWN (SlurmdTimeout; ~26 s here), and
+Slurm requeues its --requeue jobs. `status` shows the daemon STOPPED;
+`start` brings it back.
+""",
+)
+@_DAEMON
+@_JOBS
+@_DIR
+def kill(daemon: str, jobs: bool, root: Path) -> None:
+    _fault("kill", lambda cluster: _kill(cluster, daemon, jobs), root)
+
+
+@dev_cluster.command(
+    help="""Start a killed daemon again: slurmctld or slurmd:NODE.
+
+
+slurmctld starts without -c, from its saved state (jobs, nodes); waits
+until it answers `scontrol ping`. slurmd:NODE: waits until slurmctld hears
+from the node; a DOWN node is capacity again (ReturnToService=2).
+""",
+)
+@_DAEMON
+@_DIR
+def start(daemon: str, root: Path) -> None:
+    _fault("start", lambda cluster: _start(cluster, daemon), root)
+
+
+@dev_cluster.command(help="`kill` then `start` a daemon at once: slurmctld or slurmd:NODE.")
+@_DAEMON
+@_JOBS
+@_DIR
+def restart(daemon: str, jobs: bool, root: Path) -> None:
+    def step(cluster: DevCluster) -> None:
+        _kill(cluster, daemon, jobs)
+        _start(cluster, daemon)
+
+    _fault("restart", step, root)
+
+
+@dev_cluster.command(help="Drain NODE: Slurm starts nothing new there; running jobs go on.")
+@_NODE
+@click.option("--reason", default="dev-cluster drain", show_default=True, help="Slurm's Reason=.")
+@_DIR
+def drain(node: str, reason: str, root: Path) -> None:
+    _fault("drain", lambda cluster: cluster.drain(node, reason), root)
+
+
+@dev_cluster.command(help="Resume a drained or DOWN NODE; waits until Slurm may use it again.")
+@_NODE
+@_DIR
+def resume(node: str, root: Path) -> None:
+    _fault("resume", lambda cluster: cluster.resume(node), root)
 
 
 @dev_cluster.command(

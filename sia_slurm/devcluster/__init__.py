@@ -4,6 +4,14 @@
 ``process`` starts and stops daemons by pid, and ``cluster`` ties them together behind
 ``DevCluster.up() / down() / status()``; ``controller_config`` renders the controller's sia.yaml
 for a cluster of that shape.
+
+Faults, for tests of what the controller lives through (``sia-slurm dev-cluster kill / start /
+restart / drain / resume``): ``kill_slurmctld`` SIGKILLs slurmctld and ``start_slurmctld``
+starts it again without ``-c``, from its saved state (what it had not saved, a few seconds'
+worth, is gone); ``kill_slurmd`` SIGKILLs one node's slurmd (with ``jobs``, its job processes
+too, as when the node dies) and ``start_slurmd`` starts it again; ``drain`` and ``resume``. The
+slurm.conf choices that make a dead slurmd's node go DOWN in ~26 s and come back by itself
+(SlurmdTimeout, ReturnToService) are explained in ``render``.
 """
 
 from sia_slurm.devcluster.cluster import DevCluster, DevClusterError

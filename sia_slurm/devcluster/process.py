@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,3 +102,103 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+# ---- a node's job processes (for a node that crashes with its jobs) -----------------------------
+
+
+def sockets_under(net_unix: str, directory: Path) -> set[int]:
+    """Inodes of the Unix sockets bound under ``directory``, from ``/proc/net/unix``'s text.
+
+    Each slurmstepd listens on ``<SlurmdSpoolDir>/<node>_<job>.<step>``, so the sockets under
+    a node's spool directory name the steps that node runs.
+    """
+    prefix = str(directory).rstrip("/") + "/"
+    inodes = set()
+    for line in net_unix.splitlines()[1:]:
+        fields = line.split()
+        # Num RefCount Protocol Flags Type St Inode [Path]
+        if len(fields) >= 8 and fields[7].startswith(prefix) and fields[6].isdigit():
+            inodes.add(int(fields[6]))
+    return inodes
+
+
+def descendants(parents: Mapping[int, int], roots: Iterable[int]) -> set[int]:
+    """``roots`` and every process below them, from a pid -> parent pid map."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def node_job_processes(spool_dir: Path) -> set[int]:
+    """The processes of the jobs a node runs: each slurmstepd with a socket under the node's
+    ``spool_dir``, and everything it started (the batch script, srun's tasks, ...)."""
+    inodes = sockets_under(Path("/proc/net/unix").read_text(), spool_dir)
+    holders = {pid for pid, held in _socket_inodes().items() if held & inodes}
+    return descendants(process_parents(), holders) if holders else set()
+
+
+def kill_processes(find: Callable[[], set[int]], timeout_s: float = 10.0) -> set[int]:
+    """SIGKILL every process ``find`` returns, until it returns none; the pids killed.
+
+    Each pass stops the processes first (SIGSTOP) and looks again, so a child forked while
+    the tree was being read is caught before anything dies.
+    """
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while pids := find():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {sorted(pids)} survived SIGKILL for {timeout_s:g} s")
+        for pid in pids:
+            _signal(pid, signal.SIGSTOP)
+        pids |= find()
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        killed |= pids
+        time.sleep(0.05)
+    return killed
+
+
+def process_parents() -> dict[int, int]:
+    """pid -> parent pid of every live process (zombies left out)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if fields and fields[0] not in ("Z", "X"):
+            parents[int(entry.name)] = int(fields[1])
+    return parents
+
+
+def _socket_inodes() -> dict[int, set[int]]:
+    """The socket inodes each process holds open (``socket:[N]`` in ``/proc/<pid>/fd``)."""
+    held: dict[int, set[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        inodes = set()
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+        if inodes:
+            held[int(entry.name)] = inodes
+    return held

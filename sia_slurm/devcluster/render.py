@@ -32,6 +32,13 @@ class ClusterLayout:
     # leaving credentials time to reach a slurmd on a loaded machine.
     cred_expire_s: int = 30
     slurm_user: str | None = None
+    # A node whose slurmd stops answering is set DOWN once SlurmdTimeout has passed since its
+    # last answer, at slurmctld's next ping (every third of SlurmdTimeout, each one waiting up
+    # to MessageTimeout, 10 s, for a dead node). Slurm's default is 300 s; with 10 s a dead
+    # slurmd's node was NOT_RESPONDING after ~14 s and DOWN (its job requeued) after ~26 s (15:
+    # 16 s and 28 s; MessageTimeout dominates). A slurmd merely slowed by a loaded machine
+    # answers a ping in milliseconds, far inside it.
+    slurmd_timeout_s: int = 10
 
     @property
     def controller_user(self) -> str:
@@ -70,6 +77,10 @@ class ClusterLayout:
     def slurmctld_pid(self) -> Path:
         return self.root / "run" / "slurmctld.pid"
 
+    def spool_dir(self, node: str) -> Path:
+        """``SlurmdSpoolDir`` of ``node``: its slurmd's state and one socket per job step."""
+        return self.root / "spool" / node
+
     @property
     def gpu_dir(self) -> Path:
         return self.root / "dev"
@@ -102,7 +113,7 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         f"SlurmUser={layout.controller_user}",
         f"SlurmdUser={layout.user}",
         f"StateSaveLocation={layout.state_dir}",
-        f"SlurmdSpoolDir={root}/spool/%n",
+        f"SlurmdSpoolDir={layout.spool_dir('%n')}",
         f"SlurmctldPidFile={layout.slurmctld_pid}",
         f"SlurmdPidFile={root}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={layout.slurmctld_log}",
@@ -115,6 +126,15 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         # sched_interval=1: the main scheduler looks every second, so a job whose requeue delay
         # (cred_expire) has passed starts at once, not at the next 60 s pass.
         "SchedulerParameters=bf_interval=5,sched_interval=1",
+        # Daemons that die and come back (DevCluster.kill_* / start_*): a node whose slurmd
+        # is gone is DOWN after SlurmdTimeout, and its --requeue jobs are requeued (JobRequeue);
+        # ReturnToService=2: a DOWN node is capacity again as soon as its slurmd registers with
+        # a valid configuration, whatever set it DOWN (1 would cover "not responding" only),
+        # so a restarted slurmd needs no `scontrol update state=resume`. A drained node stays
+        # drained until resumed. slurmctld restarted without -c recovers jobs and nodes from
+        # StateSaveLocation; what it had not saved yet (it saves a few seconds after a change)
+        # is lost.
+        f"SlurmdTimeout={layout.slurmd_timeout_s}",
         "ReturnToService=2",
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
