@@ -9,7 +9,9 @@ changes nothing, and a half-done ``Move`` (stopped, not restarted) is completed.
 over-committed (an action that would is refused). Faults for crash tests: ``crash_after``
 (``os._exit`` after that many actions were applied and saved), ``raise_after`` (an exception
 instead), ``poison`` (an exception at any action of those jobs), ``slow_snapshot_s`` (a
-snapshot that takes time, to hold the controller lock).
+snapshot that takes up to that long, to hold the controller lock; with a file-backed state the
+test sees each snapshot begin and lets it end: :meth:`FakeCluster.snapshots_begun`,
+:meth:`FakeCluster.let_snapshots_end`, so no test guesses how long a process takes).
 """
 
 from __future__ import annotations
@@ -129,10 +131,41 @@ class FakeCluster:
 
     # -- ClusterBackend ---------------------------------------------------------------------
 
+    def snapshots_begun(self) -> int:
+        """How many slow snapshots have begun, in any process (file-backed state only)."""
+        path = self._sibling("snapshots")
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def let_snapshots_end(self, count: int) -> None:
+        """Let the first ``count`` slow snapshots end now (those begun and those to come)."""
+        write_json_atomic(self._sibling("proceed"), {"count": count})
+
+    def _slow_snapshot(self) -> None:
+        """Take up to ``slow_snapshot_s``; with a file-backed state, record that this snapshot
+        (number n, counted over all processes) began, and end it as soon as the test lets the
+        first n end."""
+        deadline = time.monotonic() + self.slow_snapshot_s
+        if self.path is None:
+            time.sleep(self.slow_snapshot_s)
+            return
+        with self._sibling("snapshots").open("a") as begun:
+            begun.write(f"{os.getpid()}\n")
+        number = self.snapshots_begun()
+        while time.monotonic() < deadline and self._snapshots_let_end() < number:
+            time.sleep(0.01)
+
+    def _snapshots_let_end(self) -> int:
+        path = self._sibling("proceed")
+        return int(json.loads(path.read_text())["count"]) if path.exists() else 0
+
+    def _sibling(self, suffix: str) -> Path:
+        assert self.path is not None
+        return self.path.with_name(f"{self.path.name}.{suffix}")
+
     def snapshot(self) -> ClusterSnapshot:
         self._load()
         if self.slow_snapshot_s:
-            time.sleep(self.slow_snapshot_s)
+            self._slow_snapshot()
         jobs, reports = [], []
         for job in self.jobs.values():
             phase = JobPhase(job.phase)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,32 +37,68 @@ def test_lock_is_exclusive_and_released(tmp_path: Path) -> None:
         pass
 
 
-def test_once_exits_quickly_while_another_controller_holds_the_lock(tmp_path: Path) -> None:
+# How long a test waits for a condition before it fails: far more than any step takes on a
+# loaded 2-core machine; a passing test never waits it out.
+PATIENCE_S = 120.0
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting after {PATIENCE_S:g} s for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
+    """Kill what is still running when the test ends, failed or not (a held snapshot waits)."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+
+def test_once_exits_at_once_while_another_controller_holds_the_lock(tmp_path: Path) -> None:
+    """It returns while the lock is still held: a run that waited for the lock would never
+    return here (the driver's own timeout would fail the test)."""
     config = write_config(tmp_path)
     cluster = FakeCluster(tmp_path / "cluster.json")
     populate(cluster)
     with ControllerLock(tmp_path / "state"):
-        started = time.monotonic()
         result = driver(cluster.path, config)  # type: ignore[arg-type]
-        elapsed = time.monotonic() - started
     assert result.returncode == EXIT_LOCKED
     assert "another sia-slurm controller" in result.stderr and "controller.lock" in result.stderr
-    assert elapsed < 15
     assert not (tmp_path / "state" / "sia.db").exists(), "a locked-out run must touch nothing"
 
 
 def test_two_parallel_once_runs_one_round(tmp_path: Path) -> None:
+    """Whichever takes the lock holds it, inside its snapshot, until the other has exited."""
     config = write_config(tmp_path)
     cluster = FakeCluster(tmp_path / "cluster.json")
     populate(cluster)
-    argv = [sys.executable, str(DRIVER), str(cluster.path), "--slow-snapshot", "3", "--",
-            "controller", "run", "--once", "--config", str(config)]  # fmt: skip
+    argv = [sys.executable, str(DRIVER), str(cluster.path), "--slow-snapshot", str(PATIENCE_S),
+            "--", "controller", "run", "--once", "--config", str(config)]  # fmt: skip
     procs = [subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    codes = sorted(p.wait(timeout=120) for p in procs)
-    for p in procs:
-        assert p.stderr is not None
-        p.stderr.close()
-    assert codes == [0, EXIT_LOCKED]
+    with reaped(*procs):
+        wait_for(
+            lambda: any(p.poll() is not None for p in procs) or cluster.snapshots_begun() > 1,
+            "one run to exit, or both to take a snapshot",
+        )
+        assert cluster.snapshots_begun() <= 1, "two controllers in a round at once"
+        (loser,) = [p for p in procs if p.poll() is not None]
+        (winner,) = [p for p in procs if p is not loser]
+        _, stderr = loser.communicate()
+        assert loser.returncode == EXIT_LOCKED, stderr
+        assert cluster.snapshots_begun() == 1  # the winner, still in its round
+        cluster.let_snapshots_end(1)
+        _, stderr = winner.communicate(timeout=PATIENCE_S)
+        assert winner.returncode == 0, stderr
     with Store.open(tmp_path / "state" / "sia.db") as store:
         assert store.last_round().round_index == 0  # type: ignore[union-attr]
     cluster._load()
@@ -96,23 +134,29 @@ def test_loop_survives_a_failed_round_and_stops_on_request() -> None:
 
 
 def test_sigterm_finishes_the_round_then_exits_zero(tmp_path: Path) -> None:
-    """Rounds take longer than round_seconds (a 1 s snapshot), so they run back to back and a
-    signal sent just after the first round ends lands inside the second one's snapshot."""
+    """SIGTERM sent while the second round is inside its snapshot (held there until the
+    signal has been received): that round finishes, and no further one starts."""
     config = write_config(tmp_path, round_seconds=0.2)
     cluster = FakeCluster(tmp_path / "cluster.json")
     populate(cluster)
     log = tmp_path / "controller.log"
-    argv = [sys.executable, str(DRIVER), str(cluster.path), "--slow-snapshot", "1", "--",
-            "controller", "run", "--config", str(config), "--log-file", str(log)]  # fmt: skip
+
+    def logged(text: str) -> bool:
+        return log.exists() and text in log.read_text()
+
+    argv = [sys.executable, str(DRIVER), str(cluster.path), "--slow-snapshot", str(PATIENCE_S),
+            "--", "controller", "run", "--config", str(config), "--log-file", str(log)]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait for the first round to end
-        if log.exists() and log.read_text().count('"event": "round"') >= 1:
-            break
-        time.sleep(0.02)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    with reaped(proc):
+        # Round 0 on a fresh state takes one snapshot (nothing pending to reconcile).
+        wait_for(lambda: cluster.snapshots_begun() >= 1, "round 0's snapshot")
+        cluster.let_snapshots_end(1)
+        wait_for(lambda: logged('"event": "round"'), "round 0 to end")
+        wait_for(lambda: cluster.snapshots_begun() >= 2, "round 1's snapshot")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: logged("received SIGTERM"), "the signal to be received")
+        cluster.let_snapshots_end(1_000)
+        _, stderr = proc.communicate(timeout=PATIENCE_S)
     assert proc.returncode == 0, stderr
     events = [json.loads(line) for line in log.read_text().splitlines()]
     messages = [e["message"] for e in events]
