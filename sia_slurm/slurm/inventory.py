@@ -14,8 +14,10 @@ from sia_slurm.slurm.hostlist import split_top_level
 from sia_slurm.slurm.runner import CommandRunner
 
 # A key starts a new field where a space is followed by `Name=`; values may hold spaces
-# (OS=Linux 6.1 #1 SMP, Reason=...), so split on key starts, not on whitespace.
-_FIELD_START = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_]*)=")
+# (OS=Linux 6.1 #1 SMP, Reason=...), so split on key starts, not on whitespace. Job records
+# (22.05 to 26.05 alike) have keys with ':' and '/' (AllocNode:Sid=, CPUs/Task=, ReqB:S:C:T=):
+# without them in the key pattern, Partition= swallowed "a100 AllocNode:Sid=0.0.0.0:25238".
+_FIELD_START = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 _GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[A-Za-z0-9_.\-]+))?:(?P<count>\d+)")
 # Node states in which the node's GPUs are no capacity for the policy.
 _UNUSABLE_STATES = (

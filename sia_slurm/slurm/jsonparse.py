@@ -1,17 +1,30 @@
 """Parse what Slurm says about jobs (``squeue --json``) and reservations (``scontrol show res``).
 
 ``squeue --json`` exists from 21.08 on, but its fields change shape between versions; every
-reader here accepts all the forms seen so far:
+reader here accepts all the forms seen so far. Captured from real daemons (22.05.8, 24.11.5,
+26.05.5: ``tests/fixtures/slurm-<release>/``, ``scripts/capture_slurm_fixtures.py``):
 
-* ``job_state``: a string (``"RUNNING"``, 22.05 and 23.02) or a list of a base state and flags
-  (``["PENDING", "REQUEUE_HOLD"]``, 23.11 on);
-* numbers: plain (22.05) or ``{"set": true, "infinite": false, "number": 5}`` (23.02 on);
-* GPU TRES strings: ``gres:gpu:a100:4`` / ``gres:gpu:4`` (22.05) or ``gres/gpu:a100=4`` /
-  ``gres/gpu=4`` (23.02 on); ``gres_detail`` items ``gpu:a100:4(IDX:0-3)`` per allocated node.
+* ``job_state``: a string on 22.05 (``"RUNNING"``; a completing job is ``"COMPLETING"`` alone),
+  a list of a base state and flags on 24.11 and 26.05 (``["CANCELLED", "COMPLETING"]``);
+  documented as a list from 23.11 on;
+* numbers (``priority``, ``submit_time``, ``node_count``, ``time_limit``...): plain on 22.05,
+  ``{"set": true, "infinite": false, "number": 5}`` on 24.11 and 26.05; ``job_id``,
+  ``user_id``, ``restart_cnt`` stay plain numbers on all three;
+* ``tres_per_node``: ``gres:gpu:2`` / ``gres:gpu:rtx:3`` on 22.05, ``gres/gpu:2`` /
+  ``gres/gpu:rtx:3`` on 24.11 and 26.05 (``gres/gpu=4`` / ``gres/gpu:a100=4`` in allocated TRES
+  strings, from documentation); ``gres_detail`` has one item ``gpu:a100:2(IDX:0-1)`` per
+  allocated node on all three, and is empty while a job completes;
+* ``comment``: a string on all three (a ``{"job": ...}`` object only in documentation);
+* held: reason ``JobHeldUser``/``JobHeldAdmin`` and priority 0 on all three (24.11 and 26.05
+  also print ``"hold": true``; the rule below gives the same answer on every capture);
+* ``time_limit``: unlimited is ``null`` (22.05) or ``infinite`` (24.11, 26.05); on 26.05 a job
+  without a limit that the *backfill* scheduler started reads 525600 (365 days: Slurm writes
+  it into the job), which is Slurm's value, not a parse error;
+* ``standard_output``: the pattern as submitted (``.../%j.out``) on 22.05 and 26.05, the
+  expanded path (``.../8.out``) on 24.11 (26.05 adds ``stdout_expanded``).
 
 A job record that cannot be understood is skipped and named in ``SqueueResult.problems``
-(with the raw value), so one odd job never hides the others. Pure functions: the fixtures in
-``tests/fixtures/slurm-22.05/`` are output of the real daemons.
+(with the raw value), so one odd job never hides the others. Pure functions.
 """
 
 from __future__ import annotations
@@ -211,7 +224,7 @@ def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
 
 
 def job_state(value: Any) -> tuple[str, tuple[str, ...]]:
-    """``(base state, flags)`` from a state string (<= 23.02) or list (>= 23.11)."""
+    """``(base state, flags)`` from a state string (22.05) or list (24.11, 26.05)."""
     if isinstance(value, str):
         names = [value]
     elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
@@ -300,7 +313,8 @@ def _int(raw: Mapping[str, Any], key: str) -> int:
 
 
 def _comment(value: Any) -> str:
-    """``comment`` is a string, or (24.05 on) ``{"job": ..., "administrator": ...}``."""
+    """``comment``: a string (22.05, 24.11, 26.05 captured); ``{"job": ..., "administrator": ...}``
+    is accepted as well (documented for newer data parsers, never seen here)."""
     if value is None:
         return ""
     if isinstance(value, str):

@@ -1,5 +1,6 @@
 """Parsers of ``scontrol -o show`` against output captured from the real 22.05 dev cluster
-(tests/fixtures/slurm-22.05/: node t4-2 drained with a reason, one job on rtx-1)."""
+(tests/fixtures/slurm-22.05/: node t4-2 drained with a reason, one job on rtx-1), and, in the
+``*_on_every_release`` tests, against the captures of 22.05, 24.11 and 26.05 alike."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from sia_slurm.slurm.inventory import (
 )
 from sia_slurm.slurm.runner import CommandResult
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+FIXTURE_ROOT = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = FIXTURE_ROOT / "slurm-22.05"
+RELEASES = ("22.05", "24.11", "26.05")
 
 
 def fixture(name: str) -> str:
@@ -124,3 +127,69 @@ def test_read_inventory_issues_two_commands() -> None:
     ]
     assert [n.name for n in inventory.nodes_of("t4")] == ["t4-1", "t4-2"]
     assert inventory.partition("rtx") is not None and inventory.partition("v100") is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Every release's captures (a100-[1-2], rtx-[1-2], t4-[1-2], 4 GPUs and 8 CPUs each)
+
+
+def release_fixture(release: str, name: str) -> str:
+    return (FIXTURE_ROOT / f"slurm-{release}" / name).read_text()
+
+
+# show-node.txt: 22.05 was captured with rtx-1 running a job and t4-2 drained; 24.11 and 26.05
+# by the capture script (run-1 on a100-1, a 2-node job on rtx-[1-2], an --exclusive job on t4-1).
+NODE_STATES = {
+    "22.05": {"a100-1": "IDLE", "rtx-1": "MIXED", "t4-2": "IDLE+DRAIN"},
+    "24.11": {"a100-1": "MIXED", "a100-2": "IDLE", "rtx-1": "MIXED", "t4-1": "ALLOCATED"},
+    "26.05": {"a100-1": "MIXED", "a100-2": "IDLE", "rtx-1": "MIXED", "t4-1": "ALLOCATED"},
+}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_nodes_on_every_release(release: str) -> None:
+    nodes = {n.name: n for n in parse_nodes(release_fixture(release, "show-node.txt"))}
+    assert sorted(nodes) == ["a100-1", "a100-2", "rtx-1", "rtx-2", "t4-1", "t4-2"]
+    for name, node in nodes.items():
+        gpu_type = name.split("-")[0]
+        assert node.gres == (GresEntry("gpu", gpu_type, 4),) and node.gpus(gpu_type) == 4
+        assert node.partitions == (gpu_type,) and node.cpus == 8
+    for name, state in NODE_STATES[release].items():
+        assert nodes[name].state == state
+        assert nodes[name].usable is ("DRAIN" not in state)
+
+    drained = {n.name: n for n in parse_nodes(release_fixture(release, "show-node-drained.txt"))}
+    assert drained["t4-2"].state == "IDLE+DRAIN" and not drained["t4-2"].usable
+    (record,) = [r for r in parse_records(release_fixture(release, "show-node-drained.txt"))
+                 if r["NodeName"] == "t4-2"]  # fmt: skip
+    assert record["Reason"].split(" [")[0] in ("maintenance", "fan failure")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_partitions_on_every_release(release: str) -> None:
+    partitions = parse_partitions(release_fixture(release, "show-partition.txt"))
+    assert [(p.name, p.state, p.node_expr) for p in partitions] == [
+        ("a100", "UP", "a100-[1-2]"),
+        ("rtx", "UP", "rtx-[1-2]"),
+        ("t4", "UP", "t4-[1-2]"),
+    ]
+
+
+# One running job: the GPU request is gres:gpu:TYPE:K on 22.05 and gres/gpu:K on 24.11 and 26.05.
+SHOWN_JOB = {
+    "22.05": ("1", "rtx", "rtx-1", "gres:gpu:rtx:2"),
+    "24.11": ("8", "a100", "a100-1", "gres/gpu:2"),
+    "26.05": ("8", "a100", "a100-1", "gres/gpu:2"),
+}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_job_record_on_every_release(release: str) -> None:
+    """Job records have keys with ':' and '/' (AllocNode:Sid=, CPUs/Task=, ReqB:S:C:T=), on
+    every release: each is a key of its own, not part of the value before it."""
+    (record,) = parse_records(release_fixture(release, "show-job.txt"))
+    seen = (record["JobId"], record["Partition"], record["NodeList"], record["TresPerNode"])
+    assert seen == SHOWN_JOB[release]
+    assert record["JobState"] == "RUNNING" and record["NumTasks"] == "1"
+    assert record["CPUs/Task"] == "1" and record["ReqB:S:C:T"] == "0:0:*:*"
+    assert ":" in record["AllocNode:Sid"] and " " not in record["AllocNode:Sid"]

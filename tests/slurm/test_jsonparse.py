@@ -2,7 +2,12 @@
 daemons (tests/fixtures/slurm-22.05/squeue-mixed.json: an unmanaged 2-node job with 3 GPUs per
 node on rtx-[1-2], a held managed job, a running managed job with 2 GPUs on a100-1, a requeued
 held one, a completed and a failed one, and older cancelled ones), plus hand-written records in
-the shapes newer Slurm releases print (state lists, number objects, ``gres/gpu`` TRES)."""
+the shapes newer Slurm releases print (state lists, number objects, ``gres/gpu`` TRES).
+
+The ``*_on_every_release`` tests run on the captures of every release in tests/fixtures/
+(22.05, 24.11, 26.05): ``squeue-mixed.json`` holds the jobs named above on each, and the
+scenario of ``scripts/capture_slurm_fixtures.py`` (a job in every state the backend meets) is
+``squeue-mixed.json`` on 24.11 and 26.05 and ``squeue-scenario.json`` on 22.05."""
 
 from __future__ import annotations
 
@@ -24,7 +29,11 @@ from sia_slurm.slurm.jsonparse import (
     tres_gpus,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+FIXTURE_ROOT = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = FIXTURE_ROOT / "slurm-22.05"
+RELEASES = ("22.05", "24.11", "26.05")
+# The capture script's queue; on 22.05 squeue-mixed.json was captured earlier, by hand.
+SCENARIO = {"22.05": "squeue-scenario.json"}
 
 
 def fixture(name: str) -> str:
@@ -190,3 +199,114 @@ def test_hostlists(text: str, hosts: tuple[str, ...]) -> None:
 def test_bad_hostlists_quote_the_text(text: str) -> None:
     with pytest.raises(ValueError, match="host"):
         expand_hostlist(text)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every release's captures
+
+
+def release_fixture(release: str, name: str) -> str:
+    return (FIXTURE_ROOT / f"slurm-{release}" / name).read_text()
+
+
+def test_every_release_directory_is_tested() -> None:
+    on_disk = sorted(p.name.removeprefix("slurm-") for p in FIXTURE_ROOT.glob("slurm-*"))
+    assert on_disk == list(RELEASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_mixed_queue_on_every_release(release: str) -> None:
+    result = parse_squeue_json(release_fixture(release, "squeue-mixed.json"))
+    assert result.problems == ()
+    jobs = {job.comment: job for job in result.jobs if job.comment}
+
+    pending = jobs["sia-slurm:pend-1"]
+    assert (pending.state, pending.held, pending.reason) == ("PENDING", True, "JobHeldUser")
+    assert pending.nodes == () and pending.requested_gpus_per_node == 1
+    assert pending.partition == "t4" and pending.gpus_on("t4-1") == 0
+
+    running = jobs["sia-slurm:run-1"]
+    assert (running.state, running.nodes, running.gpus_per_node) == ("RUNNING", ("a100-1",), (2,))
+    assert running.requested_gpus_per_node == 2 and running.gpus_on("a100-1") == 2
+    assert running.restart_count == 0 and running.start_time >= running.submit_time > 1.7e9
+    assert (running.user_id, running.group_id) == (0, 0)
+
+    requeued = jobs["sia-slurm:requeued-1"]
+    assert requeued.held and requeued.restart_count == 1 and requeued.reason == "JobHeldUser"
+    assert jobs["sia-slurm:done-1"].state == "COMPLETED" and jobs["sia-slurm:done-1"].finished
+    failed = jobs["sia-slurm:failed-1"]
+    assert (failed.state, failed.reason, failed.holds_gpus) == ("FAILED", "NonZeroExitCode", False)
+
+    (wide,) = [job for job in result.jobs if job.state == "RUNNING" and job.node_count == 2]
+    assert wide.nodes == ("rtx-1", "rtx-2") and wide.gpus_per_node == (3, 3)
+    assert wide.requested_gpus_per_node == 3 and wide.gpus_on("rtx-2") == 3
+
+
+# comment (or job name) -> state, flags, held, reason, nodes, GPUs per allocated node, GPUs asked
+# per node, required nodes, restarts: alike on every release, save what COMPLETING_STATE says.
+EVERY_STATE = {
+    "sia-slurm:done-1": ("COMPLETED", (), False, "None", ("t4-1",), (), 1, (), 0),
+    "sia-slurm:failed-1": ("FAILED", (), False, "NonZeroExitCode", ("t4-1",), (), 1, (), 0),
+    # requeuehold of a job that had COMPLETED: pending again, held, one restart
+    "sia-slurm:requeued-done-1": ("PENDING", (), True, "JobHeldUser", (), (), 1, (), 1),
+    "sia-slurm:run-1": ("RUNNING", (), False, "None", ("a100-1",), (2,), 2, ("a100-1",), 0),
+    # -N 2 --gpus-per-node=rtx:3 (typed): gres_detail per node
+    "multi": ("RUNNING", (), False, "None", ("rtx-1", "rtx-2"), (3, 3), 3, (), 0),
+    "sia-slurm:pend-1": ("PENDING", (), True, "JobHeldUser", (), (), 1, (), 0),  # sbatch --hold
+    "sia-slurm:admin-1": ("PENDING", (), True, "JobHeldAdmin", (), (), 1, (), 0),  # scontrol hold
+    "sia-slurm:x1": ("PENDING", (), True, "JobHeldUser", (), (), 1, (), 0),
+    # sbatch --hold, then scontrol release: pending, not held, waiting for 2 whole a100 nodes
+    "sia-slurm:released-1": ("PENDING", (), False, "Resources", (), (), 4, (), 0),
+    # requeuehold of a running job (-w t4-1)
+    "sia-slurm:requeued-1": ("PENDING", (), True, "JobHeldUser", (), (), 1, ("t4-1",), 1),
+    "sia-slurm:cancelled-1": ("CANCELLED", (), False, "None", ("t4-1",), (), 1, ("t4-1",), 0),
+    # --exclusive with --gpus-per-node=1: Slurm allocates all 4 GPUs of the node
+    "alloc": ("RUNNING", (), False, "None", ("t4-1",), (4,), 1, ("t4-1",), 0),
+    # plain requeue of a running job: pending until the requeue delay (cred_expire) has passed
+    "sia-slurm:requeue-1": ("PENDING", (), False, "BeginTime", (), (), 1, ("rtx-1",), 1),
+}
+# scancel of a job that ignores SIGTERM, seen within KillWait: 22.05 prints the state COMPLETING
+# alone; 24.11 and 26.05 print ["CANCELLED", "COMPLETING"].
+COMPLETING_STATE = {"22.05": "COMPLETING", "24.11": "CANCELLED", "26.05": "CANCELLED"}
+# 26.05: a job without a time limit that the backfill scheduler started shows 525600 minutes
+# (365 days: backfill.c sets YEAR_MINUTES into the job; scontrol: TimeLimit=365-00:00:00).
+BACKFILL_LIMIT = {"26.05": 525600}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_state_on_every_release(release: str) -> None:
+    text = release_fixture(release, SCENARIO.get(release, "squeue-mixed.json"))
+    result = parse_squeue_json(text)
+    assert result.problems == ()
+    jobs = {job.comment or job.name: job for job in result.jobs}
+    for label, expected in EVERY_STATE.items():
+        job = jobs[label]
+        seen = (
+            job.state,
+            job.flags,
+            job.held,
+            job.reason,
+            job.nodes,
+            job.gpus_per_node,
+            job.requested_gpus_per_node,
+            job.required_nodes,
+            job.restart_count,
+        )
+        assert seen == expected, label
+        assert (job.user_id, job.group_id) == (0, 0) and job.submit_time > 1.7e9, label
+        assert job.time_limit_min in (None, BACKFILL_LIMIT.get(release)), label
+    assert jobs["sia-slurm:released-1"].node_count == 2
+    assert jobs["sia-slurm:run-1"].start_time >= jobs["sia-slurm:run-1"].submit_time
+
+    completing = jobs["sia-slurm:completing-1"]
+    assert (completing.state, completing.flags) == (COMPLETING_STATE[release], ("COMPLETING",))
+    assert completing.completing and completing.holds_gpus and not completing.finished
+    assert completing.gpus_per_node == ()  # gres_detail is empty while completing
+    assert completing.gpus_on("rtx-2") == 1  # so the GPUs asked for count as held
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_reservations_on_every_release(release: str) -> None:
+    (reservation,) = parse_reservations(release_fixture(release, "show-reservation.txt"))
+    assert (reservation.name, reservation.active, reservation.nodes) == ("maint", True, ("a100-2",))
+    assert parse_reservations(release_fixture(release, "show-reservation-none.txt")) == ()

@@ -67,3 +67,15 @@ def test_the_loop_says_which_slurm_it_talks_to(
     assert said[1][0] == "WARNING" and "MinJobAge=100 s is shorter than 3 rounds" in said[1][1]
     assert len(said) == 2
     assert backend.actuator.calls.cred_expire() == 30 and len(runner.calls) == 1  # read once
+
+
+@pytest.mark.parametrize(
+    ("release", "version"), [("22.05", "22.05.8"), ("24.11", "24.11.5"), ("26.05", "26.05.5")]
+)
+def test_the_config_of_every_release_is_read(release: str, version: str) -> None:
+    """``scontrol show config`` of each captured release (scripts/capture_slurm_fixtures.py):
+    the same keys and AuthInfo form on all three."""
+    path = FIXTURES.parent / f"slurm-{release}" / "show-config.txt"
+    settings = parse_settings(path.read_text())
+    assert settings == SlurmSettings(version=version, min_job_age_s=600, cred_expire_s=30)
+    assert settings.release == release
