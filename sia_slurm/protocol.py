@@ -199,7 +199,10 @@ class Assignment:
     ``slurm_job_id`` and ``slurm_restart_count`` name the one Slurm run the assignment is for
     (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``): the launcher trains only in that run, and the
     controller stops any other run of the job that holds GPUs. ``restarts`` counts restarts
-    over the job's whole life (across resubmissions).
+    over the job's whole life (across resubmissions). ``not_before`` is the controller's own
+    book-keeping (the launcher ignores it): the earliest second, on slurmctld's clock, that a
+    requeued run may be launched (``commands.relaunch_floor``; 0 when there is none), kept
+    here so that a controller restarted mid-start brings the run forward to the same second.
     """
 
     sia_id: str
@@ -215,6 +218,7 @@ class Assignment:
     restarts: int = 0
     slurm_job_id: str = ""
     slurm_restart_count: int = 0
+    not_before: float = 0.0
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
@@ -222,6 +226,8 @@ class Assignment:
         object.__setattr__(self, "node_list", tuple(self.node_list))
         if self.restarts < 0 or self.slurm_restart_count < 0:
             raise ProtocolError("restarts, slurm_restart_count: expected integers >= 0")
+        if not (math.isfinite(self.not_before) and self.not_before >= 0):
+            raise ProtocolError(f"not_before: expected seconds >= 0, got {self.not_before}")
         if self.nodes < 1 or self.gpus < self.nodes or self.gpus % self.nodes:
             raise ProtocolError(
                 f"nodes, gpus: expected gpus a multiple of nodes >= 1, got nodes={self.nodes} "
@@ -326,6 +332,8 @@ class ExitCause(StrEnum):
     INVALID = "invalid"  # the job cannot be launched as submitted (bad spec, command, profile)
     REFUSED = "refused"  # Slurm's allocation is not the controller's grant: the controller's
     TERMINATED = "terminated"  # Slurm (or the controller) signalled the launcher to end
+    SUPERSEDED = "superseded"  # the controller runs the job in another Slurm run now: this
+    # run was left behind (its slurmd died while Slurm requeued the job) and exited unasked
 
     @property
     def users_fault(self) -> bool:

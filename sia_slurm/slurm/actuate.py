@@ -180,6 +180,7 @@ class Actuator:
         running: dict[str, tuple[Stop | Move, SlurmJob]] = {}
         to_requeue: list[tuple[Stop | Move, SlurmJob]] = []
         to_hold: list[tuple[Stop | Move, SlurmJob]] = []
+        completing: list[tuple[Stop | Move, SlurmJob]] = []
         for action in actions:
             managed = self._managed(action, view, book)
             if managed is None:
@@ -187,7 +188,14 @@ class Actuator:
             job = managed.current
             book.note(action, "slurm_job_id", job.job_id)
             if isinstance(action, Move) and self._already_placed(action, managed):
+                self._bring_forward(action, job, book)
                 book.ok(action, f"already moved (Slurm job {job.job_id})")
+            elif job.completing:
+                # Giving its GPUs back: requeued (by this action before the controller was
+                # restarted, or by Slurm) or ending by itself. Signalling or requeueing it
+                # now is refused ("Job can not be altered now"); wait until it settles.
+                completing.append((action, job))
+                book.note(action, "checkpoint", f"job was completing ({job.state})")
             elif job.state == "PENDING":
                 if not job.held:
                     to_hold.append((action, job))
@@ -218,7 +226,8 @@ class Actuator:
             if job.job_id in failures:
                 book.fail(action, f"could not hold Slurm job {job.job_id}: {failures[job.job_id]}")
         requeued = {job.job_id: action for action, job in to_requeue if not book.done(action)}
-        return requeued, bool(to_requeue or to_hold)
+        requeued.update({job.job_id: action for action, job in completing})
+        return requeued, bool(to_requeue or to_hold or completing)
 
     def _finish_stoppers(
         self,
@@ -252,7 +261,7 @@ class Actuator:
             list(requeued), view, lambda ids, now: settle([requeued[i] for i in ids], now)
         )
         for job_id, state in left.items():
-            book.fail(requeued[job_id], f"Slurm job {job_id} still {state} after requeue")
+            book.fail(requeued[job_id], f"Slurm job {job_id} is {state}, not PENDING after requeue")
 
     def _request_stop(self, action: Stop | Move) -> None:
         """Write ``stop.json`` for this round unless it is already there (a replay)."""
@@ -345,26 +354,29 @@ class Actuator:
         on_pending: Callable[[list[str], JobsView], None] | None = None,
     ) -> dict[str, str]:
         """Wait until requeued jobs are PENDING (their GPUs free), calling ``on_pending`` with
-        the ones that just became so and the view that shows it, so each can go on at once;
-        returns the ones still not, with their state, after :data:`COMPLETING_TIMEOUT_S`.
+        the ones that just became so and the view that shows it, so each can go on at once.
+        Returns, with their state, the ones that ended instead (a completing job that was not
+        requeued after all) and the ones still not PENDING after :data:`COMPLETING_TIMEOUT_S`.
         ``view``, if given, is Slurm as it is now (saves the first ``squeue``)."""
         waiting = list(job_ids)
+        left: dict[str, str] = {}
         deadline = self.clock.now() + COMPLETING_TIMEOUT_S
         while waiting:
             if view is None:
                 view = self.observe()
             jobs = {job.job_id: job for job in view.jobs}
             pending = [i for i in waiting if i not in jobs or jobs[i].state == "PENDING"]
-            waiting = [i for i in waiting if i not in pending]
+            left.update({i: jobs[i].state for i in waiting if i in jobs and jobs[i].finished})
+            waiting = [i for i in waiting if i not in pending and i not in left]
             if pending and on_pending is not None:
                 on_pending(pending, view)
             if not waiting:
                 break
             if self.clock.now() >= deadline:
-                return {i: jobs[i].state for i in waiting}
+                return {**left, **{i: jobs[i].state for i in waiting}}
             self.clock.sleep(COMPLETING_POLL_S)
             view = None
-        return {}
+        return left
 
     # ------------------------------------------------------------------------------------------
     # Start (and the second half of Move)
@@ -377,12 +389,13 @@ class Actuator:
                 continue
             try:
                 step = self._prepare(action, managed)
-            except (ActuationError, ProtocolError, KeyError, ValueError) as exc:
+            except (ActuationError, CommandError, ProtocolError, KeyError, ValueError) as exc:
                 book.fail(action, str(exc))
                 continue
             if step is not None:
                 steps.append(step)
             else:
+                self._bring_forward(action, managed.current, book)
                 book.ok(action, f"already started (Slurm job {managed.current.job_id})")
         self._reshape(steps, book)
         ready = [s for s in steps if not book.done(s.action)]
@@ -392,21 +405,16 @@ class Actuator:
                 restarts=step.restarts,
                 slurm_job_id=step.slurm_job_id,
                 slurm_restart_count=step.slurm_restart_count,
+                not_before=self._not_before(step),
             )
             path = self.paths.assignment(step.action.sia_id)
             write_document(path, assignment)
             self.documents.forget(path)
             self._clean_stop_files(step.action)  # the restarted job must not see the old request
+            step.assignment = assignment
+            if not step.resubmitted:
+                self._bring_forward(step.action, step.job.current, book, assignment)
         failures = self.calls.batched(commands.release, [s.slurm_job_id for s in ready])
-        for step in ready:
-            if step.restarts and not step.resubmitted and step.slurm_job_id not in failures:
-                # Slurm's requeue delay (cred_expire + 1 s) cut to what the credential needs.
-                floor = commands.relaunch_floor(step.begin_time, self.calls.cred_expire())
-                argv = commands.start_at(step.slurm_job_id, floor)
-                try:
-                    self.calls.run(argv)
-                except CommandError as exc:
-                    failures[step.slurm_job_id] = str(exc)
         for step in ready:
             action = step.action
             book.note(action, "slurm_job_id", step.slurm_job_id)
@@ -415,9 +423,55 @@ class Actuator:
                 continue
             verb = "moved" if isinstance(action, Move) else "started"
             where = ",".join(step.shape.node_list)
-            book.ok(
-                action, f"{verb} to {step.shape.partition} {where} (Slurm job {step.slurm_job_id})"
-            )
+            said = f"{verb} to {step.shape.partition} {where} (Slurm job {step.slurm_job_id})"
+            late = book.details.get(id(action), {}).get("start_time")
+            book.ok(action, f"{said}; its StartTime was {late}" if late else said)
+
+    def _not_before(self, step: _Placement) -> float:
+        """The earliest second (slurmctld's clock) the run may start: 0 for a job that was
+        never requeued (or was resubmitted); for a requeued one, the floor its assignment for
+        the same run already holds (a start replayed after a crash: the BeginTime it reads now
+        may be the floor already set), else :func:`commands.relaunch_floor` of its BeginTime.
+        Slurm reports ``start_time`` 0 for a held job whose BeginTime has passed: no floor."""
+        if step.resubmitted or step.slurm_restart_count == 0:
+            return 0.0
+        previous = self._assignment(step.action.sia_id)
+        run = (step.slurm_job_id, step.slurm_restart_count)
+        same_run = previous is not None and (
+            (previous.slurm_job_id, previous.slurm_restart_count) == run
+        )
+        if previous is not None and same_run and previous.not_before > 0:
+            return previous.not_before
+        if step.begin_time <= 0:
+            return 0.0
+        return commands.relaunch_floor(step.begin_time, self.calls.cred_expire())
+
+    def _bring_forward(
+        self,
+        action: PlacedAction,
+        job: SlurmJob,
+        book: _Round,
+        assignment: Assignment | None = None,
+    ) -> None:
+        """Cut Slurm's requeue delay (BeginTime = kill + cred_expire + 1) of a pending job to
+        its run's floor (``assignment.not_before``), before its release or, for a start that
+        a crash interrupted after the release, again on the replay. Slurm keeps a StartTime
+        set on a held job through the release (verified on 22.05.8). A job already due (or
+        running) needs nothing; a refusal only leaves it at Slurm's own BeginTime."""
+        assignment = assignment or self._assignment(action.sia_id)
+        if assignment is None or assignment.not_before <= 0 or job.state != "PENDING":
+            return
+        if (assignment.slurm_job_id, assignment.slurm_restart_count) != (
+            job.job_id,
+            job.restart_count,
+        ):
+            return
+        if job.start_time <= assignment.not_before:
+            return  # due already (start_time 0), or brought forward before
+        try:
+            self.calls.run(commands.start_at(job.job_id, assignment.not_before))
+        except CommandError as exc:
+            book.note(action, "start_time", f"not brought forward: {exc}")
 
     def _prepare(self, action: PlacedAction, managed: ManagedJob) -> _Placement | None:
         """Check the action and bring the job to a held PENDING state; ``None`` if it is

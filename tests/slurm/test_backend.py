@@ -453,16 +453,17 @@ def test_move_checkpoints_requeues_reshapes_and_restarts(fake_slurm: Any) -> Non
         "scontrol hold",  # the requeue's hold is its user's: the controller's replaces it
         "scontrol update",
         "squeue",  # read back
-        "scontrol release",
         "scontrol show",  # config: cred_expire, asked once
-        "scontrol update",  # StartTime: a requeued job waits cred_expire + 1 s otherwise
+        "scontrol update",  # StartTime, while held: a requeued job waits cred_expire + 1 s
+        "scontrol release",
     ]
     assert fake_slurm.calls[1] == ["scancel", "--batch", "--signal=USR1", job_id]
     assert "NumNodes=2-2" in fake_slurm.calls[5] and "NumCPUs=2" in fake_slurm.calls[5]
     # Slurm delayed the requeued job to K + cred_expire + 1 (K: the requeue's second); the
     # controller moves it to K + 2, the first second its revoked credential allows.
     requeued_at = int(fake_slurm.time_of(["scontrol", "requeuehold", job_id]))
-    assert fake_slurm.calls[-1][:3] == ["scontrol", "update", f"JobId={job_id}"]
+    assert fake_slurm.calls[-2][:3] == ["scontrol", "update", f"JobId={job_id}"]
+    assert fake_slurm.calls[-1] == ["scontrol", "release", job_id]  # held until its StartTime
     assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.nodes, assignment.gpus, assignment.restarts) == (2, 4, 1)
@@ -539,7 +540,7 @@ def test_a_job_that_never_leaves_completing_fails_only_its_own_move(fake_slurm: 
     results = backend_for(fake_slurm).apply(
         [move("stuck", "rtx", ["rtx-1"], 1, round_index=3), Stop("fine", 3)]
     )
-    assert not results[0].ok and "still COMPLETING after requeue" in results[0].message
+    assert not results[0].ok and "is COMPLETING, not PENDING after requeue" in results[0].message
     assert results[1].ok, results[1].message
     assert fake_slurm.job(stuck)["priority"] == 0  # held, never released
 
@@ -574,7 +575,8 @@ def test_start_of_a_job_that_exited_after_its_ack_requeues_it(fake_slurm: Any) -
     update = next(i for i, c in enumerate(fake_slurm.calls) if "TresPerNode=gres:gpu:1" in c)
     assert requeue < hold < update
     requeued_at = int(fake_slurm.time_of(["scontrol", "requeuehold", job_id]))
-    assert fake_slurm.calls[-1][:3] == ["scontrol", "update", f"JobId={job_id}"]
+    assert fake_slurm.calls[-2][:3] == ["scontrol", "update", f"JobId={job_id}"]
+    assert fake_slurm.calls[-1] == ["scontrol", "release", job_id]
     assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.restarts, assignment.slurm_restart_count) == (1, 1)
