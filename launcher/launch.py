@@ -76,6 +76,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad configuration or protocol file
 EXIT_MISMATCH = 3  # Slurm's allocation is not the assignment
 EXIT_STOPPED = 75  # stopped on request, checkpointed and acknowledged (EX_TEMPFAIL)
+EXIT_SUPERSEDED = 76  # the job runs in another Slurm run now; this one was left behind
 
 # Set by sbatch at submission from the job's original request; wrong after the controller
 # resized the pending job, and srun reads them as options (docs/slurm-actuation.md).
@@ -314,6 +315,20 @@ def stopped_on_request(
     return paths.ack(sia_id, stop.round_index, allocation.job_id, allocation.restart_count).exists()
 
 
+def superseded_by(paths: StatePaths, sia_id: str, allocation: SlurmAllocation) -> Assignment | None:
+    """The assignment that hands the job to another Slurm run than this one, if the
+    controller has written one: this run was left behind and its workers stopped for it."""
+    path = paths.assignment(sia_id)
+    try:
+        assignment = read_document(Assignment, path) if path.exists() else None
+    except ProtocolError:
+        return None
+    if assignment is None or not assignment.slurm_job_id:
+        return None
+    run = (assignment.slurm_job_id, assignment.slurm_restart_count)
+    return assignment if run != (allocation.job_id, allocation.restart_count) else None
+
+
 # ------------------------------------------------------------------------------------------------
 # I/O: Slurm queries, the child process, signals
 
@@ -447,6 +462,14 @@ def _launch(
     if stopped_on_request(paths, sia_id, assignment.round_index, allocation):
         logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
         return EXIT_STOPPED, ExitCause.STOPPED, "stopped on the controller's request"
+    successor = superseded_by(paths, sia_id, allocation)
+    if successor is not None:
+        message = (
+            f"left behind: the assignment of round {successor.round_index} is for Slurm job "
+            f"{successor.slurm_job_id} run {successor.slurm_restart_count}"
+        )
+        logger.warning("[job=%s] %s; exit %d", sia_id, message, EXIT_SUPERSEDED)
+        return EXIT_SUPERSEDED, ExitCause.SUPERSEDED, message
     if child.terminated:
         return 128 + child.terminated, ExitCause.TERMINATED, f"signal {child.terminated}"
     logger.info("[job=%s] srun exited with status %d", sia_id, status)

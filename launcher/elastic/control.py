@@ -137,6 +137,14 @@ class ControlFiles:
             return None
         return assignment
 
+    def supersedes(self, assignment: Assignment) -> bool:
+        """Whether ``assignment`` hands the job to another Slurm run than this one: the
+        controller runs the job elsewhere now (this run was left behind, e.g. by a slurmd that
+        died while Slurm requeued the job), so this run must stop without a checkpoint."""
+        if not self.run[0] or not assignment.slurm_job_id:
+            return False  # a standalone process, or an assignment that names no run
+        return (assignment.slurm_job_id, assignment.slurm_restart_count) != self.run
+
     def write_ack(self, round_index: int) -> Path:
         """Create this run's empty ``ack-<round>.<run>`` atomically (after the checkpoint is
         durable)."""

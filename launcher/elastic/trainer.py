@@ -45,8 +45,9 @@ from sia_slurm.protocol import Assignment, StatePaths
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
-# Control vector: [sum |g_i|^2, terminate, stop round + 1, new round + 1, batch, local, accum]
-_CONTROL_SIZE = 7
+# Control vector: [sum |g_i|^2, terminate, stop round + 1, new round + 1, batch, local, accum,
+# superseded round + 1]
+_CONTROL_SIZE = 8
 
 
 class TrainerError(RuntimeError):
@@ -125,6 +126,7 @@ class ElasticTrainer:
         self._restored = False
         self._stop_round: int | None = None
         self._terminate = False
+        self._superseded_round: int | None = None
         self._checkpoint_interval_s = checkpoint_interval_s
         self._last_checkpoint = time.monotonic()
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -215,7 +217,8 @@ class ElasticTrainer:
         if self.rank == 0 and self.reporter.due():
             self._report()
         interval = self._checkpoint_interval_s
-        if interval is not None and time.monotonic() - self._last_checkpoint >= interval:
+        due = interval is not None and time.monotonic() - self._last_checkpoint >= interval
+        if due and self._superseded_round is None:
             self.save_checkpoint()
 
     def _apply_gradient(self, flat: torch.Tensor, step: Step) -> None:
@@ -263,7 +266,9 @@ class ElasticTrainer:
             if stop is not None:
                 control[2] = stop.round_index + 1
             assignment = self.files.new_assignment(self.round)
-            if assignment is not None and self._acceptable_rebatch(assignment):
+            if assignment is not None and self.files.supersedes(assignment):
+                control[7] = assignment.round_index + 1
+            elif assignment is not None and self._acceptable_rebatch(assignment):
                 control[3] = assignment.round_index + 1
                 control[4:7] = torch.tensor(
                     [assignment.batch_size, assignment.local_bsz, assignment.accum_steps],
@@ -299,7 +304,9 @@ class ElasticTrainer:
             self._terminate = True
         if values[2] > 0:
             self._stop_round = int(values[2]) - 1
-        if values[3] > 0:
+        if values[7] > 0:
+            self._superseded_round = int(values[7]) - 1
+        elif values[3] > 0:
             new_round = int(values[3]) - 1
             batch = Batch(int(values[4]), int(values[5]), int(values[6]))
             self._adopt(new_round, batch)
@@ -319,6 +326,8 @@ class ElasticTrainer:
         self.reporter.restart_window()
 
     def _obey_control(self) -> None:
+        if self._superseded_round is not None:
+            self._stop_superseded(self._superseded_round)
         if self._stop_round is not None:
             self._stop_for_controller(self._stop_round)
         if self._terminate:
@@ -335,6 +344,19 @@ class ElasticTrainer:
             time.sleep(0.1)
         reason = "terminated" if self.signals.terminate else "linger limit reached"
         self._log("idle after the stop; exiting (%s)", reason)
+        self._exit()
+
+    def _stop_superseded(self, round_index: int) -> None:
+        """The controller gave the job to another Slurm run (round ``round_index``): this run
+        was left behind (its slurmd died and Slurm requeued the job while it kept training).
+        It exits at once and writes nothing: the other run owns the checkpoints now."""
+        self._log(
+            "the assignment of round %d is for another Slurm run; this run (%s.%d) was left "
+            "behind and exits without a checkpoint",
+            round_index,
+            self.env.slurm_job_id,
+            self.env.restarts,
+        )
         self._exit()
 
     def _stop_for_termination(self) -> None:

@@ -20,6 +20,7 @@ from launcher.launch import (
     launch,
     split_command,
     stopped_on_request,
+    superseded_by,
     torchrun_argv,
     worker_environment,
 )
@@ -228,6 +229,23 @@ def test_exit_status_says_stopped_only_for_an_acknowledged_later_stop(tmp_path: 
     assert not stopped_on_request(paths, "s1-abcd", 7, run)  # by the run before: not this one
     paths.ack("s1-abcd", 8, "41", 1).touch()
     assert stopped_on_request(paths, "s1-abcd", 7, run)
+
+
+def test_a_run_is_superseded_only_by_an_assignment_for_another_run(tmp_path: Path) -> None:
+    paths = StatePaths(tmp_path)
+    run = SlurmAllocation.from_env(SLURM)  # job 41 after one restart
+    assert superseded_by(paths, "s1-abcd", run) is None  # no assignment at all
+    write_document(paths.assignment("s1-abcd"), assignment(round_index=8))
+    assert superseded_by(paths, "s1-abcd", run) is None  # a rebatch of this very run
+    write_document(paths.assignment("s1-abcd"), assignment(slurm_job_id=""))
+    assert superseded_by(paths, "s1-abcd", run) is None  # names no run: proves nothing
+    for job_id, restarts in (("41", 2), ("42", 1)):  # the next run; a resubmitted job
+        write_document(
+            paths.assignment("s1-abcd"),
+            assignment(round_index=9, slurm_job_id=job_id, slurm_restart_count=restarts),
+        )
+        successor = superseded_by(paths, "s1-abcd", run)
+        assert successor is not None and successor.round_index == 9
 
 
 # ------------------------------------------------------------------------------------------------

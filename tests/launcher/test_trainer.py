@@ -134,6 +134,32 @@ def test_rebatch_is_adopted_after_the_same_step_without_restart(make_env) -> Non
     assert set(batches[2:]) == {(3, 12, 12, 0)}
 
 
+def test_a_run_left_behind_exits_without_a_checkpoint(make_env) -> None:  # type: ignore[no-untyped-def]
+    """The assignment names another Slurm run (this run's slurmd died and the controller
+    started the job elsewhere): the run stops after the step that saw it, writes neither a
+    checkpoint (periodic ones included) nor an ack, and a later assignment for this very run
+    (a rebatch) would not have stopped it."""
+    env = make_env(launch_round=1, slurm_job_id="7", restarts=1)
+    paths = StatePaths(env.state_dir)
+    trainer = make_trainer(env, checkpoint_interval_s=0.0)  # a checkpoint after every step
+    seen: Counter[tuple[int, int]] = Counter()
+
+    def hand_over(step) -> None:  # type: ignore[no-untyped-def]
+        if trainer.step == 2:  # a rebatch for this run (7.1): adopted, training goes on
+            same = Assignment(env.sia_id, 2, "a100", "a100", 1, 1, (), 8, 4, 1, 1, "7", 1)
+            write(paths.assignment(env.sia_id), same)
+        if trainer.step == 4:  # the job's next run (7.2) elsewhere
+            other = Assignment(env.sia_id, 3, "a100", "a100", 1, 1, (), 8, 4, 1, 2, "7", 2)
+            write(paths.assignment(env.sia_id), other)
+
+    with pytest.raises(SystemExit) as left:
+        train(trainer, 5, seen, after=hand_over)
+    assert left.value.code == 0
+    assert trainer.step == 5 and trainer.round == 2  # stopped after the step that saw it
+    assert trainer.checkpoints.steps()[0] == 4  # the periodic one of step 5 was not written
+    assert not list(paths.job_dir(env.sia_id).glob("ack-*"))
+
+
 def test_every_step_must_be_finished(make_env) -> None:  # type: ignore[no-untyped-def]
     trainer = make_trainer(make_env())
     with pytest.raises(TrainerError, match=r"step\.finish\(\)"):
