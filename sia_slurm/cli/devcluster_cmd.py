@@ -240,7 +240,7 @@ def start(daemon: str, root: Path) -> None:
     _fault("start", lambda cluster: _start(cluster, daemon), root)
 
 
-@dev_cluster.command(help="`kill` then `start` a daemon at once: slurmctld or slurmd:NODE.")
+@dev_cluster.command(help="Kill a daemon, then start it again at once: slurmctld or slurmd:NODE.")
 @_DAEMON
 @_JOBS
 @_DIR
