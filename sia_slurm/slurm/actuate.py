@@ -13,9 +13,10 @@ Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
 * **Start** a pending job: ``scontrol hold`` (if released), ``scontrol update Partition=P
   TresPerNode=gres:gpu:K NumNodes=N-N NumTasks=N ReqNodeList=...``, read the job back (an
   update that exits 0 may not have taken), write ``assignment.json`` for that Slurm run (job id
-  and restart count), ``scontrol release``, and for a requeued job ``StartTime`` = its
-  BeginTime - cred_expire + 1 (a requeue delays it by cred_expire + 1 s; ``now`` could meet
-  the credential revoked in the kill's second: :func:`commands.relaunch_floor`).
+  and restart count; for a requeued run also ``not_before``, its BeginTime - cred_expire + 1:
+  a requeue delays it by cred_expire + 1 s, and ``now`` could meet the credential revoked in
+  the kill's second, :func:`commands.relaunch_floor`), set that ``StartTime`` while the job is
+  still held, then ``scontrol release``.
   A node-count shrink of a job that has run does not take on 22.05: the job is resubmitted
   under a new Slurm job id with the same comment (sia id) and batch script
   (``scontrol write batch_script``, kept in ``control/<sia_id>/``), recorded in
