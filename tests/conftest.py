@@ -6,11 +6,17 @@ creates that account and two ordinary users; ``shared_python`` lets them run thi
 
 If Slurm cannot start, every test that uses it errors with the reason: these tests are never
 skipped (CI installs the Debian packages; see scripts/install.sh).
+
+``SIA_TEST_SLURM`` picks the Slurm release the real-Slurm tests run on: ``system`` (the host's,
+Debian 12's 22.05; the default) or ``24.11`` / ``26.05``, run from a cached Debian root (built
+first when missing; sia_slurm/devcluster/chroot.py). For a root's release the session's PATH
+starts with the cluster's client wrappers, so every Slurm command a test or the code under test
+runs is that release's. ``scripts/test.sh`` runs the suite once per release, each session on
+its own ``SIA_TEST_PORT_BASE``.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -27,10 +33,13 @@ from tests.accounts import (
     grant_traverse,
     share_python,
 )
+from tests.release import TEST_PORT_BASE, TEST_SLURM
 
 REPO = Path(__file__).resolve().parent.parent
-# Tests use their own port range so that a developer's `dev-cluster up` can keep running.
-TEST_PORT_BASE = int(os.environ.get("SIA_TEST_PORT_BASE", "17817"))
+
+
+def pytest_report_header() -> str:
+    return f"real-Slurm tests: SIA_TEST_SLURM={TEST_SLURM}, SIA_TEST_PORT_BASE={TEST_PORT_BASE}"
 
 
 @pytest.fixture(scope="session")
@@ -80,10 +89,15 @@ def dev_cluster(
     test_accounts: TestAccounts,
 ) -> Iterator[DevCluster]:
     root = shared_tmp.mktemp("dev-cluster")
-    cluster = DevCluster(root, port_base=TEST_PORT_BASE, slurm_user=test_accounts.service.name)
+    cluster = DevCluster(
+        root, port_base=TEST_PORT_BASE, slurm_user=test_accounts.service.name, slurm=TEST_SLURM
+    )
     cluster.up(dev_cluster_spec)
     try:
-        yield cluster
+        with pytest.MonkeyPatch.context() as patch:
+            if "PATH" in cluster.env:  # a root's release: its clients, not the host's
+                patch.setenv("PATH", cluster.env["PATH"])
+            yield cluster
     finally:
         cluster.down()
 

@@ -62,10 +62,10 @@ def test_descendants_are_the_whole_tree_below_the_roots() -> None:
 
 def test_slurmctld_restarts_without_clearing_its_state() -> None:
     conf = Path("/srv/dev/etc/slurm.conf")
-    assert slurmctld_argv("/usr/sbin/slurmctld", conf, True) == [
+    assert slurmctld_argv(["/usr/sbin/slurmctld"], conf, True) == [
         "/usr/sbin/slurmctld", "-D", "-c", "-f", str(conf)
     ]  # fmt: skip
-    assert slurmctld_argv("/usr/sbin/slurmctld", conf, False) == [
+    assert slurmctld_argv(["/usr/sbin/slurmctld"], conf, False) == [
         "/usr/sbin/slurmctld", "-D", "-f", str(conf)
     ]  # fmt: skip
 

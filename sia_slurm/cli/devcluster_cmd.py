@@ -15,6 +15,7 @@ from sia_slurm.devcluster import (
     DevClusterSpec,
     controller_config,
 )
+from sia_slurm.devcluster.chroot import SYSTEM
 from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
 from sia_slurm.devcluster.roots import (
     CACHE_ENV,
@@ -113,6 +114,18 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     help="Slurm's SlurmdTimeout: a node whose slurmd died is DOWN after this, plus up to two "
     "MessageTimeouts (~26 s in all with 10), and its --requeue jobs are requeued.",
 )
+@click.option(
+    "--slurm",
+    "release",
+    type=click.Choice([SYSTEM, *sorted(RELEASE_SUITES)]),
+    default=SYSTEM,
+    show_default=True,
+    envvar="SIA_DEV_CLUSTER_SLURM",
+    help="Which Slurm: the host's (system), or a release run from its cached Debian root "
+    "(built first if missing, ~1 min; see `dev-cluster root`): daemons, client commands and "
+    "jobs then run inside it, and stdout also gets the PATH of its client wrappers "
+    "[env SIA_DEV_CLUSTER_SLURM].",
+)
 def up(
     spec: str,
     root: Path,
@@ -121,6 +134,7 @@ def up(
     cred_expire: int,
     slurm_user: str | None,
     slurmd_timeout: int,
+    release: str,
 ) -> None:
     try:
         parsed = DevClusterSpec.parse(spec)
@@ -133,6 +147,7 @@ def up(
         cred_expire_s=cred_expire,
         slurm_user=slurm_user,
         slurmd_timeout_s=slurmd_timeout,
+        slurm=release,
     )
     try:
         cluster.up(parsed, timeout_s=timeout)
@@ -140,6 +155,10 @@ def up(
         _say(f"sia-slurm dev-cluster up: {exc}")
         raise SystemExit(1) from None
     click.echo(f"export SLURM_CONF={cluster.layout.slurm_conf}")
+    if cluster.bin_dir is not None:
+        # The release's own clients: the host's would be another release's.
+        click.echo(f'export PATH={cluster.bin_dir}:"$PATH"')
+        _say(f"controller config: slurm.bin_dir: {cluster.bin_dir} (`dev-cluster config --dir`)")
 
 
 @dev_cluster.command(help="Cancel all jobs and stop exactly the daemons `up` started in DIR.")
@@ -293,7 +312,22 @@ STATE_DIR. Check it with `sia-slurm config check --live FILE`.
               show_default=True, help="Seconds between controller rounds.")  # fmt: skip
 @click.option("--policy", default="sia", show_default=True, help="sia, pollux, gavel or fifo.")
 @click.option("--dry-run", is_flag=True, help="Observe and decide, change nothing.")
-def config(spec: str, state_dir: Path, round_seconds: float, policy: str, dry_run: bool) -> None:
+@click.option(
+    "--dir",
+    "cluster_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A running dev cluster's directory: its client commands become slurm.bin_dir when it "
+    "runs a release from a Debian root (the host's Slurm is searched on PATH).",
+)
+def config(
+    spec: str,
+    state_dir: Path,
+    round_seconds: float,
+    policy: str,
+    dry_run: bool,
+    cluster_dir: Path | None,
+) -> None:
     try:
         parsed = DevClusterSpec.parse(spec)
     except ValueError as exc:
@@ -304,6 +338,7 @@ def config(spec: str, state_dir: Path, round_seconds: float, policy: str, dry_ru
         round_seconds=round_seconds,
         policy=policy,
         dry_run=dry_run,
+        bin_dir=DevCluster(cluster_dir).bin_dir if cluster_dir is not None else None,
         comment=f"Written by `sia-slurm dev-cluster config --spec {parsed}`.",
     )
     click.echo(text, nl=False)

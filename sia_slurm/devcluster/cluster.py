@@ -9,6 +9,11 @@ With ``slurm_user`` slurmctld runs as that account (Slurm's SlurmUser, which Slu
 privileged), as the controller's service account does in production: root starts slurmctld, it
 drops to the account, and everything it writes (state, log, pid file) is made the account's
 first. slurmd stays the invoking user (root), because it must start each job as its owner.
+
+``slurm``: ``system`` runs the host's Slurm; a release such as ``24.11`` runs daemons, client
+commands and jobs inside that release's cached Debian root (:mod:`sia_slurm.devcluster.chroot`:
+what is bound in, the client wrappers in ``<dir>/bin`` that :attr:`DevCluster.env` puts on PATH
+and :attr:`DevCluster.bin_dir` names for the controller's ``slurm.bin_dir``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sia_slurm.devcluster.access import Account, untraversable
+from sia_slurm.devcluster.chroot import (
+    SYSTEM,
+    ChrootError,
+    ChrootSlurm,
+    HostPrograms,
+    SlurmPrograms,
+    open_root,
+    write_wrappers,
+)
 from sia_slurm.devcluster.process import (
     DaemonRecord,
     descendants,
@@ -36,7 +50,12 @@ from sia_slurm.devcluster.process import (
     start_daemon,
     stop_daemons,
 )
-from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
+from sia_slurm.devcluster.render import (
+    ClusterLayout,
+    render_cgroup_conf,
+    render_gres_conf,
+    render_slurm_conf,
+)
 from sia_slurm.devcluster.spec import DevClusterSpec
 from sia_slurm.slurm.inventory import parse_nodes
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
@@ -67,11 +86,13 @@ class DevClusterError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Recorded:
-    """What ``cluster.json`` says runs: the spec, slurmctld's user and the daemons."""
+    """What ``cluster.json`` says runs: the spec, slurmctld's user, the daemons and the
+    Slurm release (``system`` or a root's)."""
 
     spec: str
     slurm_user: str
     daemons: list[DaemonRecord]
+    slurm: str = SYSTEM
 
 
 class DevCluster:
@@ -85,9 +106,14 @@ class DevCluster:
         cred_expire_s: int = 30,
         slurm_user: str | None = None,
         slurmd_timeout_s: int = 10,
+        slurm: str = SYSTEM,
+        roots_dir: Path | None = None,
     ):
-        """``slurm_user``: the account slurmctld drops to (SlurmUser); None keeps the invoking
-        user, as before service accounts existed. The account must exist when ``up`` runs.
+        """``slurm``: ``system`` (the host's Slurm) or a release with a Debian root
+        (``24.11``, ``26.05``), built into ``roots_dir`` (default: ``$SIA_SLURM_ROOTS`` or
+        /var/cache/sia-slurm/roots) when missing. ``slurm_user``: the account slurmctld
+        drops to (SlurmUser); None keeps the invoking user, as before service accounts
+        existed. The account must exist when ``up`` runs.
         ``slurmd_timeout_s``: Slurm's SlurmdTimeout (a node whose slurmd is gone is DOWN
         after it, :class:`ClusterLayout`)."""
         root = Path(root).absolute()
@@ -101,11 +127,31 @@ class DevCluster:
             slurmd_timeout_s=slurmd_timeout_s,
         )
         self._log = log or (lambda message: None)
+        self._slurm = slurm
+        self._roots_dir = roots_dir
+
+    @property
+    def slurm(self) -> str:
+        """The release running (as recorded), else the one asked for: ``system``, ``24.11``..."""
+        recorded = self._recorded()
+        return recorded.slurm if recorded is not None else self._slurm
+
+    @property
+    def bin_dir(self) -> Path | None:
+        """Where this cluster's client commands are, for the controller's ``slurm.bin_dir``:
+        None (search PATH) for the host's Slurm, the wrappers of a root's release otherwise."""
+        return None if self.slurm == SYSTEM else self.layout.bin_dir
 
     @property
     def env(self) -> dict[str, str]:
-        """Environment for Slurm client commands aimed at this cluster."""
-        return {"SLURM_CONF": str(self.layout.slurm_conf)}
+        """Environment for Slurm client commands aimed at this cluster: SLURM_CONF and, for a
+        root's release, PATH starting with its wrappers (a 22.05 client cannot talk to a
+        newer slurmctld)."""
+        env = {"SLURM_CONF": str(self.layout.slurm_conf)}
+        bin_dir = self.bin_dir
+        if bin_dir is not None:
+            env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+        return env
 
     def runner(self, timeout_s: float = 30.0) -> SubprocessRunner:
         return SubprocessRunner(env=self.env, timeout_s=timeout_s)
@@ -139,23 +185,28 @@ class DevCluster:
                 )
             self.layout.state_file.unlink()
         account = self._slurm_account()
-        binaries = find_binaries()
         self._check_ports(spec)
-        self._prepare_files(spec, binaries, account)
+        chroot = self._open_root()
         records: list[DaemonRecord] = []
         try:
-            records.append(self._start_munge(binaries))
+            programs = self._mount(chroot)
+            self._prepare_files(spec, programs, account)
+            records.append(self._start_munge(programs))
             self._save(spec, records)
-            records.append(self._start_slurmctld(binaries, clear_state=True))
+            records.append(self._start_slurmctld(programs, clear_state=True))
             self._save(spec, records)
             self._wait_for_controller(records[-1], timeout_s)
             for node in spec.node_names():
-                records.append(self._start_slurmd(binaries, node))
+                records.append(self._start_slurmd(programs, node))
             self._save(spec, records)
             self._wait_for_idle(spec, timeout_s)
         except BaseException:
             stop_daemons(list(reversed(records)))
             self.layout.state_file.unlink(missing_ok=True)
+            try:
+                self._unmount(chroot)
+            except DevClusterError as exc:  # the failure that brought us here matters more
+                self._log(str(exc))
             raise
         self._log(f"dev cluster up in {self.layout.root}: {spec}")
         return True
@@ -173,6 +224,8 @@ class DevCluster:
         killed = stop_daemons(list(reversed(records)))
         if killed:
             self._log(f"had to SIGKILL: {', '.join(killed)}")
+        if recorded.slurm != SYSTEM:
+            self._unmount(self._chroot(recorded.slurm))
         self.layout.state_file.unlink(missing_ok=True)
         self._log(f"dev cluster in {self.layout.root} stopped")
         return True
@@ -234,7 +287,7 @@ class DevCluster:
         account = self._slurm_account(recorded.slurm_user)
         if account is not None:
             self._hand_to_slurm_user(account)
-        started = self._start_slurmctld(find_binaries(), clear_state=False)
+        started = self._start_slurmctld(self._programs(recorded.slurm), clear_state=False)
         self._replace_record(recorded, record, started)
         self._wait_for_controller(started, timeout_s)
         self._log(f"slurmctld started again (pid {started.pid}), state recovered")
@@ -270,7 +323,7 @@ class DevCluster:
         longer DOWN or NOT_RESPONDING: ReturnToService=2 makes it capacity again). Jobs
         Slurm requeued elsewhere meanwhile and still running there are killed by Slurm."""
         recorded, record = self._stopped_daemon(f"slurmd:{node}")
-        started = self._start_slurmd(find_binaries(), node)
+        started = self._start_slurmd(self._programs(recorded.slurm), node)
         self._replace_record(recorded, record, started)
         self._log(f"slurmd of {node} started again (pid {started.pid})")
         self.wait_for_node(node, _responding, "responding", timeout_s)
@@ -366,7 +419,8 @@ class DevCluster:
 
     def _replace_record(self, recorded: _Recorded, old: DaemonRecord, new: DaemonRecord) -> None:
         daemons = [new if r == old else r for r in recorded.daemons]
-        self._save(DevClusterSpec.parse(recorded.spec), daemons, recorded.slurm_user)
+        spec = DevClusterSpec.parse(recorded.spec)
+        self._save(spec, daemons, recorded.slurm_user, recorded.slurm)
 
     # ---- steps of up/down -----------------------------------------------------------------
 
@@ -398,8 +452,58 @@ class DevCluster:
             )
         return account
 
+    # ---- the release: the host's programs or a root's ------------------------------------
+
+    def _chroot(self, release: str) -> ChrootSlurm:
+        """The root of ``release`` as mounted for this cluster (it is not built here)."""
+        return ChrootSlurm(
+            release, Path("/"), self.layout.root / "root", [], SubprocessRunner(), self._log
+        )
+
+    def _open_root(self) -> ChrootSlurm | None:
+        """The root of the release asked for (built if missing), None for the host's."""
+        if self._slurm == SYSTEM:
+            return None
+        try:
+            return open_root(
+                self._slurm,
+                self.layout.root,
+                cache_dir=self._roots_dir,
+                runner=SubprocessRunner(),
+                log=self._log,
+            )
+        except ChrootError as exc:
+            raise DevClusterError(str(exc)) from None
+
+    def _mount(self, chroot: ChrootSlurm | None) -> SlurmPrograms:
+        """Mount the root (if any) and write its client wrappers; the programs to run."""
+        if chroot is None:
+            return HostPrograms(find_binaries())
+        try:
+            chroot.mount()
+        except ChrootError as exc:
+            raise DevClusterError(str(exc)) from None
+        write_wrappers(self.layout.bin_dir, chroot.release, chroot.mount_point)
+        self._log(f"Slurm {chroot.release} from {chroot.cached_root} at {chroot.mount_point}")
+        return chroot.programs
+
+    def _unmount(self, chroot: ChrootSlurm | None) -> None:
+        if chroot is None:
+            return
+        try:
+            chroot.unmount()
+        except ChrootError as exc:
+            raise DevClusterError(str(exc)) from None
+        shutil.rmtree(self.layout.bin_dir, ignore_errors=True)
+
+    def _programs(self, release: str) -> SlurmPrograms:
+        """The programs of a running cluster's ``release`` (its root is still mounted)."""
+        if release == SYSTEM:
+            return HostPrograms(find_binaries())
+        return self._chroot(release).programs
+
     def _prepare_files(
-        self, spec: DevClusterSpec, binaries: dict[str, str], account: Account | None
+        self, spec: DevClusterSpec, programs: SlurmPrograms, account: Account | None
     ) -> None:
         layout = self.layout
         for sub in ("etc", "state", "spool", "run", "log", "dev"):
@@ -417,14 +521,18 @@ class DevCluster:
         os.chmod(layout.munge_key.parent, 0o700)
         os.chmod(layout.munge_socket.parent, 0o755)
         if not layout.munge_key.exists():
-            _run_setup([binaries["mungekey"], "-c", "-k", str(layout.munge_key)])
+            _run_setup([*programs.argv("mungekey"), "-c", "-k", str(layout.munge_key)])
         shutil.rmtree(layout.state_dir)
         layout.state_dir.mkdir()
         self._make_gpu_files(spec)
-        for path, text in (
+        files = [
             (layout.slurm_conf, render_slurm_conf(spec, layout)),
             (layout.gres_conf, render_gres_conf(spec, layout)),
-        ):
+        ]
+        layout.cgroup_conf.unlink(missing_ok=True)
+        if programs.release != SYSTEM:  # 24.11 and 26.05 (render_cgroup_conf says why)
+            files.append((layout.cgroup_conf, render_cgroup_conf()))
+        for path, text in files:
             path.write_text(text)
             # Every client and SlurmUser read these; a umask of 077 must not hide them.
             os.chmod(path, 0o644)
@@ -460,13 +568,13 @@ class DevCluster:
                             path.touch()
                     minor += 1
 
-    def _start_munge(self, binaries: dict[str, str]) -> DaemonRecord:
+    def _start_munge(self, programs: SlurmPrograms) -> DaemonRecord:
         layout = self.layout
         layout.munge_socket.unlink(missing_ok=True)
         record = start_daemon(
             "munged",
             [
-                binaries["munged"],
+                *programs.argv("munged"),
                 "--foreground",
                 "--force",
                 f"--socket={layout.munge_socket}",
@@ -487,18 +595,18 @@ class DevCluster:
             time.sleep(0.05)
         return record
 
-    def _start_slurmctld(self, binaries: dict[str, str], *, clear_state: bool) -> DaemonRecord:
+    def _start_slurmctld(self, programs: SlurmPrograms, *, clear_state: bool) -> DaemonRecord:
         return start_daemon(
             "slurmctld",
-            slurmctld_argv(binaries["slurmctld"], self.layout.slurm_conf, clear_state),
+            slurmctld_argv(programs.argv("slurmctld"), self.layout.slurm_conf, clear_state),
             self.layout.log_dir / "slurmctld.out",
             marker=str(self.layout.slurm_conf),
         )
 
-    def _start_slurmd(self, binaries: dict[str, str], node: str) -> DaemonRecord:
+    def _start_slurmd(self, programs: SlurmPrograms, node: str) -> DaemonRecord:
         return start_daemon(
             f"slurmd:{node}",
-            [binaries["slurmd"], "-D", "-N", node, "-f", str(self.layout.slurm_conf)],
+            [*programs.argv("slurmd"), "-D", "-N", node, "-f", str(self.layout.slurm_conf)],
             self.layout.log_dir / f"slurmd-{node}.out",
             marker=str(self.layout.slurm_conf),
         )
@@ -575,13 +683,18 @@ class DevCluster:
     # ---- the record of what we started ----------------------------------------------------
 
     def _save(
-        self, spec: DevClusterSpec, records: list[DaemonRecord], slurm_user: str | None = None
+        self,
+        spec: DevClusterSpec,
+        records: list[DaemonRecord],
+        slurm_user: str | None = None,
+        slurm: str | None = None,
     ) -> None:
         payload = {
             "spec": str(spec),
             "slurm_user": slurm_user or self.layout.controller_user,
             "port_base": self.layout.port_base,
             "slurm_conf": str(self.layout.slurm_conf),
+            "slurm": self._slurm if slurm is None else slurm,
             "daemons": [asdict(r) for r in records],
         }
         tmp = self.layout.state_file.with_suffix(".tmp")
@@ -597,7 +710,8 @@ class DevCluster:
             records = [DaemonRecord(**item) for item in payload["daemons"]]
             # Records written before SlurmUser was a choice ran slurmctld as the invoker.
             slurm_user = str(payload.get("slurm_user", self.layout.user))
-            return _Recorded(str(payload["spec"]), slurm_user, records)
+            slurm = str(payload.get("slurm", SYSTEM))
+            return _Recorded(str(payload["spec"]), slurm_user, records, slurm)
         except (ValueError, KeyError, TypeError) as exc:
             raise DevClusterError(
                 f"{path}: unreadable record of the dev cluster ({exc}); "
@@ -605,10 +719,10 @@ class DevCluster:
             ) from None
 
 
-def slurmctld_argv(binary: str, slurm_conf: Path, clear_state: bool) -> list[str]:
+def slurmctld_argv(program: list[str], slurm_conf: Path, clear_state: bool) -> list[str]:
     """slurmctld in the foreground; ``-c`` (a fresh cluster) forgets every job and node state
-    in StateSaveLocation, so a restart must go without it."""
-    return [binary, "-D", *(["-c"] if clear_state else []), "-f", str(slurm_conf)]
+    in StateSaveLocation, so a restart must go without it. ``program``: its argv prefix."""
+    return [*program, "-D", *(["-c"] if clear_state else []), "-f", str(slurm_conf)]
 
 
 def _find_role(recorded: _Recorded, role: str) -> DaemonRecord:

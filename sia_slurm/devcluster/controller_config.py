@@ -33,11 +33,14 @@ def controller_config(
     checkpoint_timeout_s: float = 60.0,
     profiles: Mapping[str, str] = DEFAULT_PROFILES,
     comment: str = "",
+    bin_dir: Path | str | None = None,
 ) -> str:
     """The text of a ``sia.yaml`` managing every partition of ``spec``, state in ``state_dir``.
 
     ``policy_params`` are the policy's own keys (e.g. ``{"lambda_a": 0.01}``), validated by the
-    policy when the config is loaded. ``comment`` becomes the first line(s), ``#``-prefixed.
+    policy when the config is loaded. ``bin_dir``: the Slurm commands' directory
+    (``slurm.bin_dir``; a dev cluster of a root's release has its wrappers there, ``DevCluster.
+    bin_dir``); None leaves it to PATH. ``comment`` becomes the first line(s), ``#``-prefixed.
     """
     if not round_seconds > 0 or not checkpoint_timeout_s >= 0:
         raise ValueError("round_seconds must be > 0 and checkpoint_timeout_s >= 0")
@@ -59,5 +62,7 @@ def controller_config(
         "policy": {"name": policy, **params},
         "restart": {"checkpoint_timeout_s": checkpoint_timeout_s},
     }
+    if bin_dir is not None:
+        document["slurm"] = {"bin_dir": str(bin_dir)}
     header = "".join(f"# {line}\n" for line in comment.splitlines())
     return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=None)

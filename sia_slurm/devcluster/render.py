@@ -54,6 +54,15 @@ class ClusterLayout:
         return self.root / "etc" / "gres.conf"
 
     @property
+    def cgroup_conf(self) -> Path:
+        return self.root / "etc" / "cgroup.conf"
+
+    @property
+    def bin_dir(self) -> Path:
+        """Wrappers running a root's client commands (a release other than the host's)."""
+        return self.root / "bin"
+
+    @property
     def munge_key(self) -> Path:
         return self.root / "munge" / "munge.key"
 
@@ -176,3 +185,15 @@ def render_gres_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
             files = ",".join(str(f) for f in layout.gpu_files(node, group.gpus_per_node))
             lines.append(f"NodeName={node} Name=gpu Type={group.gpu_type} File={files}")
     return "\n".join(lines) + "\n"
+
+
+def render_cgroup_conf() -> str:
+    """cgroup.conf for a release run inside a Debian root (24.11 and later): slurmd 24.11
+    refuses to start without a cgroup filesystem ("No filesystem mounted on /sys/fs/cgroup ...
+    Unable to initialize cgroup plugin"), and a bound /sys carries none of the host's cgroup
+    mounts. The dev cluster tracks processes with proctrack/linuxproc and task/none anyway.
+    22.05 on the host needs no cgroup.conf (and reads none)."""
+    return (
+        "# Written by `sia-slurm dev-cluster up` for a release run inside a Debian root.\n"
+        "CgroupPlugin=disabled\n"
+    )

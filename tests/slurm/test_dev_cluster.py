@@ -16,7 +16,9 @@ from click.testing import CliRunner
 from sia_slurm.cli.main import cli
 from sia_slurm.devcluster import DevCluster, DevClusterSpec
 from sia_slurm.devcluster.process import DaemonRecord, is_alive
+from sia_slurm.devcluster.roots import mounts_under
 from sia_slurm.slurm.inventory import parse_records, read_inventory
+from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_SLURM
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,9 +167,14 @@ def test_cli_lifecycle_of_a_second_cluster(tmp_path: Path) -> None:
             [*command, *args], env=env, capture_output=True, text=True, timeout=120, check=False
         )
 
-    up = run("up", "--spec", "v100:2x2", "--port-base", "18817")
+    port_base = str(TEST_PORT_BASE + SECOND_PORT_OFFSET)
+    up = run("up", "--spec", "v100:2x2", "--port-base", port_base, "--slurm", TEST_SLURM)
     assert up.returncode == 0, up.stderr
-    assert up.stdout == f"export SLURM_CONF={root}/etc/slurm.conf\n"
+    exports = f"export SLURM_CONF={root}/etc/slurm.conf\n"
+    if TEST_SLURM != "system":  # a root's release: its client wrappers come first on PATH
+        exports += f'export PATH={root}/bin:"$PATH"\n'
+        env["PATH"] = f"{root}/bin:{env['PATH']}"
+    assert up.stdout == exports
     daemons = [
         DaemonRecord(**d) for d in json.loads((root / "cluster.json").read_text())["daemons"]
     ]
@@ -179,7 +186,7 @@ def test_cli_lifecycle_of_a_second_cluster(tmp_path: Path) -> None:
             "slurmd:v100-2",
         ]
         assert all(is_alive(d) for d in daemons)
-        again = run("up", "--spec", "v100:2x2", "--port-base", "18817")
+        again = run("up", "--spec", "v100:2x2", "--port-base", port_base, "--slurm", TEST_SLURM)
         assert again.returncode == 0 and "already up" in again.stderr
         assert [
             DaemonRecord(**d) for d in json.loads((root / "cluster.json").read_text())["daemons"]
@@ -192,4 +199,5 @@ def test_cli_lifecycle_of_a_second_cluster(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert not any(is_alive(d) for d in daemons)
     assert not (root / "cluster.json").exists()
+    assert mounts_under(root, Path("/proc/self/mountinfo").read_text()) == []
     assert run("status").returncode == 1

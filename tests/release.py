@@ -1,0 +1,17 @@
+"""Which Slurm the real-Slurm tests run on, and on which ports (read once from the environment).
+
+``SIA_TEST_SLURM``: ``system`` (the host's Slurm, Debian 12's 22.05; the default) or a release
+run from its cached Debian root, ``24.11`` or ``26.05``. ``SIA_TEST_PORT_BASE``: the session
+cluster's slurmctld port (slurmd ports follow); sessions run side by side need bases far
+enough apart (scripts/test.sh uses 17817, 20817, 23817).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Tests use their own port range so that a developer's `dev-cluster up` can keep running.
+TEST_PORT_BASE = int(os.environ.get("SIA_TEST_PORT_BASE", "17817"))
+# A second cluster some tests start (tests/slurm/test_dev_cluster.py) sits this far above it.
+SECOND_PORT_OFFSET = 500
+TEST_SLURM = os.environ.get("SIA_TEST_SLURM", "system")
