@@ -6,7 +6,8 @@ supervisor that restarts the killed controller, and the checks on each job's own
   are armed in order and each fires once (see the shim's docstring).
 * :class:`Supervisor`: keeps one ``sia-slurm controller run`` loop alive, as systemd's
   ``Restart=always`` would: a controller that died of SIGKILL is started again at once; any
-  other exit is recorded and stops the supervision.
+  other exit is recorded and stops the supervision. It lives in
+  :mod:`sia_slurm.devcluster.supervisor` (the chaos soak uses it too) and is re-exported here.
 * :func:`job_history_problems`: what a job's ``events.jsonl`` (written by
   tests/slurm/protocol_job.py) shows that must never happen: two runs at once, a counter that
   went back beyond the last checkpoint, a launch refused, a second finish.
@@ -17,15 +18,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sia_slurm.devcluster.supervisor import Exit, Supervisor
+
+__all__ = ["Exit", "KillPlan", "KillRule", "Supervisor", "job_history_problems", "read_jsonl"]
 
 SHIM = Path(__file__).with_name("slurm_kill_shim.py")
 SLURM_COMMANDS = ("squeue", "scontrol", "scancel", "sbatch")
@@ -133,93 +134,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return records
-
-
-@dataclass
-class Exit:
-    """How one controller process ended."""
-
-    pid: int
-    returncode: int
-    started: float
-    ended: float
-    output: str
-
-
-class Supervisor:
-    """Runs ``argv`` (the controller loop) and starts it again whenever it dies of SIGKILL."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.argv, self.env, self.cwd = argv, env, cwd
-        self.exits: list[Exit] = []
-        self.failure = ""  # set when a controller ended other than by SIGKILL or our SIGTERM
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen[str] | None = None
-        self.started = 0.0  # when the running controller was started
-        self._thread = threading.Thread(target=self._supervise, name="controller", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def kill_now(self) -> int | None:
-        """SIGKILL the running controller (the test's own random point); its pid, or None if
-        none was running. The supervisor thread reaps and sets ``returncode``, so a process
-        whose returncode is still None has not been reaped and its pid is its own."""
-        with self._lock:
-            process = self._process
-            if process is None or process.returncode is not None:
-                return None
-            os.kill(process.pid, signal.SIGKILL)
-            return process.pid
-
-    def current(self) -> tuple[int, float] | None:
-        """The pid and start time of the controller started last, unless it has been reaped
-        (a killed one may not be reaped yet: callers also check their own kills)."""
-        with self._lock:
-            process = self._process
-            if process is None or process.returncode is not None:
-                return None
-            return process.pid, self.started
-
-    def _supervise(self) -> None:
-        while not self._stopping.is_set():
-            with self._lock:
-                if self._stopping.is_set():
-                    return
-                process = subprocess.Popen(
-                    self.argv,
-                    env=self.env,
-                    cwd=self.cwd,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-                self._process = process
-                self.started = started = time.time()
-            output, _ = process.communicate()
-            ended = Exit(process.pid, process.returncode, started, time.time(), output[-4000:])
-            self.exits.append(ended)
-            if process.returncode == -signal.SIGKILL:
-                continue
-            if not self._stopping.is_set():
-                self.failure = f"controller pid {process.pid} exited {process.returncode}"
-            return
-
-    def stop(self, timeout_s: float = 60.0) -> Exit | None:
-        """SIGTERM the running controller (it finishes its round and exits 0); its exit."""
-        with self._lock:
-            self._stopping.set()
-            process = self._process
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        if self._thread.ident is None:  # never started
-            return None
-        self._thread.join(timeout_s)
-        if self._thread.is_alive() and process is not None:
-            process.kill()
-            self._thread.join(10.0)
-        return self.exits[-1] if self.exits else None
 
 
 def job_history_problems(events: list[dict[str, Any]]) -> list[str]:
