@@ -366,7 +366,13 @@ class Actuator:
             if view is None:
                 view = self.observe()
             jobs = {job.job_id: job for job in view.jobs}
-            pending = [i for i in waiting if i not in jobs or jobs[i].state == "PENDING"]
+            # 24.11 and 26.05 show a requeued job PENDING with the COMPLETING flag while its
+            # GPUs are still being taken back (22.05: COMPLETING, then PENDING).
+            pending = [
+                i
+                for i in waiting
+                if i not in jobs or (jobs[i].state == "PENDING" and not jobs[i].completing)
+            ]
             left.update({i: jobs[i].state for i in waiting if i in jobs and jobs[i].finished})
             waiting = [i for i in waiting if i not in pending and i not in left]
             if pending and on_pending is not None:
