@@ -1,0 +1,58 @@
+"""SlurmCalls: an ``scontrol update`` that 24.11 and 26.05 refuse with EAGAIN (no accounting
+storage; sia_slurm/slurm/calls.py) is sent again; any other failure is not."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from sia_slurm.slurm.calls import UPDATE_TRIES, SlurmCalls
+from sia_slurm.slurm.runner import CommandError, CommandResult
+
+EAGAIN = "Resource temporarily unavailable for job 7\n"  # 24.11.5's exact stderr
+
+
+class Refusing:
+    """Fails the first ``refusals`` calls with ``stderr``, then succeeds; records argv."""
+
+    def __init__(self, refusals: int, stderr: str = EAGAIN) -> None:
+        self.refusals = refusals
+        self.stderr = stderr
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
+        self.calls.append(list(argv))
+        if len(self.calls) <= self.refusals:
+            raise CommandError(argv, 1, self.stderr)
+        return CommandResult(tuple(argv), 0, "done", "")
+
+
+UPDATE = ["scontrol", "update", "JobId=7", "Partition=rtx"]
+
+
+def test_an_update_refused_for_now_is_sent_again() -> None:
+    runner = Refusing(3)
+    assert SlurmCalls(runner).run(UPDATE) == "done"
+    assert runner.calls == [UPDATE] * 4
+
+
+def test_it_gives_up_after_the_last_try() -> None:
+    runner = Refusing(UPDATE_TRIES)
+    with pytest.raises(CommandError, match="Resource temporarily unavailable"):
+        SlurmCalls(runner).run(UPDATE)
+    assert len(runner.calls) == UPDATE_TRIES
+
+
+@pytest.mark.parametrize(
+    ("argv", "stderr"),
+    [
+        (UPDATE, "Job is no longer pending execution for job 7\n"),
+        (["scontrol", "release", "7"], EAGAIN),  # only updates are known to do it
+    ],
+)
+def test_other_failures_are_not_retried(argv: list[str], stderr: str) -> None:
+    runner = Refusing(1, stderr)
+    with pytest.raises(CommandError):
+        SlurmCalls(runner).run(argv)
+    assert len(runner.calls) == 1
