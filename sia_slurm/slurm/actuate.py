@@ -50,7 +50,6 @@ from sia_slurm.protocol import (
     ProtocolError,
     StatePaths,
     StopRequest,
-    ack_name,
     read_document,
     write_document,
 )
@@ -63,17 +62,13 @@ from sia_slurm.slurm.jsonparse import SlurmJob
 from sia_slurm.slurm.managed import ManagedJob, under_controller_hold
 from sia_slurm.slurm.resubmit import ResubmissionError, must_resubmit, resubmit
 from sia_slurm.slurm.runner import CommandError, CommandRunner
-from sia_slurm.userfiles import JobDirectory
+from sia_slurm.slurm.waits import Waits
 
 if TYPE_CHECKING:
     from sia_slurm.slurm.backend import JobsView
 
 logger = logging.getLogger(__name__)
 
-ACK_POLL_S = 0.25  # how often the ack files are looked for
-SLURM_POLL_S = 5.0  # how often squeue is asked, while waiting for acks, whether jobs ended
-COMPLETING_TIMEOUT_S = 90.0  # KillWait (30 s default) plus epilog, with margin
-COMPLETING_POLL_S = 0.5
 PlacedAction = Start | Move
 
 
@@ -141,6 +136,7 @@ class Actuator:
         self.documents = documents
         self.observe = observe
         self.calls = SlurmCalls(runner)
+        self.waits = Waits(config.restart.checkpoint_timeout_s, clock, paths, observe)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         """Apply one round's actions, each job as soon as it can go.
@@ -202,7 +198,7 @@ class Actuator:
                     to_hold.append((action, job))
                 book.note(action, "checkpoint", "job was not running")
             elif job.finished:
-                if self._completed_unasked(action.sia_id, job):
+                if self.waits.completed_unasked(action.sia_id, job):
                     self._settle_completed(action, job, book)
                 elif self.paths.stop_request(action.sia_id).exists():
                     to_requeue.append((action, job))
@@ -215,7 +211,7 @@ class Actuator:
         if running:
             ids = [job.job_id for _, job in running.values()]
             self.calls.run_quiet(commands.signal_checkpoint(ids))
-            outcomes, completed = self._wait_for_acks(running)
+            outcomes, completed = self.waits.acks(running)
             for sia_id, outcome in outcomes.items():
                 book.note(running[sia_id][0], "checkpoint", outcome)
             for sia_id, job in completed.items():
@@ -238,8 +234,9 @@ class Actuator:
         book: _Round,
     ) -> None:
         """Complete each Stop and place each Move once its Slurm job is PENDING (its GPUs
-        free); a requeued job still not PENDING after :data:`COMPLETING_TIMEOUT_S` fails its
-        action. ``view`` is Slurm as it is now."""
+        free); a requeued job that ends instead, or is still not PENDING after
+        :data:`~sia_slurm.slurm.waits.COMPLETING_TIMEOUT_S`, fails its action. ``view`` is
+        Slurm as it is now."""
 
         def settle(ready: Sequence[Stop | Move], view: JobsView) -> None:
             stopped = [a for a in ready if isinstance(a, Stop) and not book.done(a)]
@@ -258,7 +255,7 @@ class Actuator:
 
         waited = {id(action) for action in requeued.values()}
         settle([a for a in actions if id(a) not in waited], view)
-        left = self._wait_until_pending(
+        left = self.waits.until_pending(
             list(requeued), view, lambda ids, now: settle([requeued[i] for i in ids], now)
         )
         for job_id, state in left.items():
@@ -274,69 +271,6 @@ class Actuator:
         if existing is None or existing.round_index != action.round_index:
             write_document(path, StopRequest(action.sia_id, action.round_index, self.clock.now()))
 
-    def _wait_for_acks(
-        self, running: dict[str, tuple[Stop | Move, SlurmJob]]
-    ) -> tuple[dict[str, str], dict[str, SlurmJob]]:
-        """Wait for every job's ack together; say per job how its checkpoint went. Also
-        returns the jobs that completed their training instead of acknowledging (by sia id):
-        they must not be requeued."""
-        timeout = self.config.restart.checkpoint_timeout_s
-        start = self.clock.now()
-        deadline = start + timeout
-        last_check = start
-        waiting = dict(running)
-        outcome: dict[str, str] = {}
-        completed: dict[str, SlurmJob] = {}
-        while True:
-            for sia_id, (action, job) in list(waiting.items()):
-                if self._acked(sia_id, job, action.round_index):
-                    outcome[sia_id] = f"acknowledged after {self.clock.now() - start:.1f} s"
-                    del waiting[sia_id]
-            now = self.clock.now()
-            if not waiting:
-                return outcome, completed
-            if now >= deadline:
-                for sia_id in waiting:
-                    outcome[sia_id] = f"timed out: no acknowledgement within {timeout:g} s"
-                    logger.warning("job %s: %s", sia_id, outcome[sia_id])
-                return outcome, completed
-            if now - last_check >= SLURM_POLL_S:
-                last_check = now
-                managed = self.observe().managed
-                for sia_id, (_, job) in list(waiting.items()):
-                    current = managed.get(sia_id)
-                    if current is None or current.current.job_id != job.job_id:
-                        continue
-                    ended = current.current
-                    if ended.state == "PENDING" or ended.finished:
-                        outcome[sia_id] = f"job ended ({ended.state}) without an ack"
-                        if self._completed_unasked(sia_id, ended):
-                            completed[sia_id] = ended
-                        del waiting[sia_id]
-            self.clock.sleep(min(ACK_POLL_S, max(deadline - now, 0.0)))
-
-    def _completed_unasked(self, sia_id: str, job: SlurmJob) -> bool:
-        """Whether ``job`` exited 0 without acknowledging the pending stop request: it finished
-        its training before it saw the request, and requeueing it would run it a second time."""
-        if job.state != "COMPLETED":
-            return False
-        path = self.paths.stop_request(sia_id)
-        try:
-            request = read_document(StopRequest, path) if path.exists() else None
-        except ProtocolError:
-            request = None
-        return request is None or not self._acked(sia_id, job, request.round_index)
-
-    def _acked(self, sia_id: str, job: SlurmJob, round_index: int) -> bool:
-        """Whether ``job``'s run acknowledged the stop of ``round_index``: a regular file
-        ``ack-<round>.<job id>.<restart>`` of its user in the job directory (anything else
-        there, an ack of another run included, does not count)."""
-        try:
-            with JobDirectory(self.paths.jobs_dir, sia_id, job.user_id) as directory:
-                return directory.has_own_file(ack_name(round_index, job.job_id, job.restart_count))
-        except ProtocolError:
-            return False
-
     def _settle_completed(self, action: Stop | Move, job: SlurmJob, book: _Round) -> None:
         """A job that completed instead of stopping: nothing to requeue; a Stop is done, a
         Move cannot be (the job has nothing left to run). The stop request goes, so the job
@@ -347,43 +281,6 @@ class Actuator:
             book.ok(action, message)
         else:
             book.fail(action, f"{message}; not moved")
-
-    def _wait_until_pending(
-        self,
-        job_ids: list[str],
-        view: JobsView | None = None,
-        on_pending: Callable[[list[str], JobsView], None] | None = None,
-    ) -> dict[str, str]:
-        """Wait until requeued jobs are PENDING (their GPUs free), calling ``on_pending`` with
-        the ones that just became so and the view that shows it, so each can go on at once.
-        Returns, with their state, the ones that ended instead (a completing job that was not
-        requeued after all) and the ones still not PENDING after :data:`COMPLETING_TIMEOUT_S`.
-        ``view``, if given, is Slurm as it is now (saves the first ``squeue``)."""
-        waiting = list(job_ids)
-        left: dict[str, str] = {}
-        deadline = self.clock.now() + COMPLETING_TIMEOUT_S
-        while waiting:
-            if view is None:
-                view = self.observe()
-            jobs = {job.job_id: job for job in view.jobs}
-            # 24.11 and 26.05 show a requeued job PENDING with the COMPLETING flag while its
-            # GPUs are still being taken back (22.05: COMPLETING, then PENDING).
-            pending = [
-                i
-                for i in waiting
-                if i not in jobs or (jobs[i].state == "PENDING" and not jobs[i].completing)
-            ]
-            left.update({i: jobs[i].state for i in waiting if i in jobs and jobs[i].finished})
-            waiting = [i for i in waiting if i not in pending and i not in left]
-            if pending and on_pending is not None:
-                on_pending(pending, view)
-            if not waiting:
-                break
-            if self.clock.now() >= deadline:
-                return {**left, **{i: jobs[i].state for i in waiting}}
-            self.clock.sleep(COMPLETING_POLL_S)
-            view = None
-        return left
 
     # ------------------------------------------------------------------------------------------
     # Start (and the second half of Move)
@@ -506,12 +403,12 @@ class Actuator:
         if job.finished:
             if not self.paths.stop_request(action.sia_id).exists():
                 raise ActuationError(f"Slurm job {job.job_id} has ended ({job.state})")
-            if self._completed_unasked(action.sia_id, job):
+            if self.waits.completed_unasked(action.sia_id, job):
                 raise ActuationError(
                     f"Slurm job {job.job_id} completed its training before it could be stopped"
                 )
             self.calls.run(commands.requeue_hold([job.job_id]))
-            if self._wait_until_pending([job.job_id]):
+            if self.waits.until_pending([job.job_id]):
                 raise ActuationError(f"Slurm job {job.job_id} did not return to PENDING")
             requeued = self.observe().managed.get(action.sia_id)
             if requeued is None or requeued.current.job_id != job.job_id:

@@ -1,0 +1,146 @@
+"""Waiting inside a stop: for the jobs' acknowledgements of a stop request, and for requeued
+jobs to give their GPUs back (COMPLETING -> PENDING).
+
+Split from :mod:`sia_slurm.slurm.actuate`, which orders the steps; here is only how long and
+on what the actuator waits, on the controller's clock (a fake one in the backend's tests).
+Slurm is asked through ``observe`` (one ``squeue``) at most every :data:`SLURM_POLL_S` while
+acknowledgements are awaited and every :data:`COMPLETING_POLL_S` while jobs complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sia_slurm.cluster import Move, Stop
+from sia_slurm.protocol import ProtocolError, StatePaths, StopRequest, ack_name, read_document
+from sia_slurm.slurm.clock import Clock
+from sia_slurm.slurm.jsonparse import SlurmJob
+from sia_slurm.userfiles import JobDirectory
+
+if TYPE_CHECKING:
+    from sia_slurm.slurm.backend import JobsView
+
+logger = logging.getLogger(__name__)
+
+ACK_POLL_S = 0.25  # how often the ack files are looked for
+SLURM_POLL_S = 5.0  # how often squeue is asked, while waiting for acks, whether jobs ended
+COMPLETING_TIMEOUT_S = 90.0  # KillWait (30 s default) plus epilog, with margin
+COMPLETING_POLL_S = 0.5
+
+
+class Waits:
+    """The actuator's waits; ``observe`` is one ``squeue`` (the backend's)."""
+
+    def __init__(
+        self,
+        checkpoint_timeout_s: float,
+        clock: Clock,
+        paths: StatePaths,
+        observe: Callable[[], JobsView],
+    ) -> None:
+        self.checkpoint_timeout_s = checkpoint_timeout_s
+        self.clock = clock
+        self.paths = paths
+        self.observe = observe
+
+    def acks(
+        self, running: dict[str, tuple[Stop | Move, SlurmJob]]
+    ) -> tuple[dict[str, str], dict[str, SlurmJob]]:
+        """Wait for every job's ack together; say per job how its checkpoint went. Also
+        returns the jobs that completed their training instead of acknowledging (by sia id):
+        they must not be requeued."""
+        timeout = self.checkpoint_timeout_s
+        start = self.clock.now()
+        deadline = start + timeout
+        last_check = start
+        waiting = dict(running)
+        outcome: dict[str, str] = {}
+        completed: dict[str, SlurmJob] = {}
+        while True:
+            for sia_id, (action, job) in list(waiting.items()):
+                if self.acked(sia_id, job, action.round_index):
+                    outcome[sia_id] = f"acknowledged after {self.clock.now() - start:.1f} s"
+                    del waiting[sia_id]
+            now = self.clock.now()
+            if not waiting:
+                return outcome, completed
+            if now >= deadline:
+                for sia_id in waiting:
+                    outcome[sia_id] = f"timed out: no acknowledgement within {timeout:g} s"
+                    logger.warning("job %s: %s", sia_id, outcome[sia_id])
+                return outcome, completed
+            if now - last_check >= SLURM_POLL_S:
+                last_check = now
+                managed = self.observe().managed
+                for sia_id, (_, job) in list(waiting.items()):
+                    current = managed.get(sia_id)
+                    if current is None or current.current.job_id != job.job_id:
+                        continue
+                    ended = current.current
+                    if ended.state == "PENDING" or ended.finished:
+                        outcome[sia_id] = f"job ended ({ended.state}) without an ack"
+                        if self.completed_unasked(sia_id, ended):
+                            completed[sia_id] = ended
+                        del waiting[sia_id]
+            self.clock.sleep(min(ACK_POLL_S, max(deadline - now, 0.0)))
+
+    def completed_unasked(self, sia_id: str, job: SlurmJob) -> bool:
+        """Whether ``job`` exited 0 without acknowledging the pending stop request: it finished
+        its training before it saw the request, and requeueing it would run it a second time."""
+        if job.state != "COMPLETED":
+            return False
+        path = self.paths.stop_request(sia_id)
+        try:
+            request = read_document(StopRequest, path) if path.exists() else None
+        except ProtocolError:
+            request = None
+        return request is None or not self.acked(sia_id, job, request.round_index)
+
+    def acked(self, sia_id: str, job: SlurmJob, round_index: int) -> bool:
+        """Whether ``job``'s run acknowledged the stop of ``round_index``: a regular file
+        ``ack-<round>.<job id>.<restart>`` of its user in the job directory (anything else
+        there, an ack of another run included, does not count)."""
+        try:
+            with JobDirectory(self.paths.jobs_dir, sia_id, job.user_id) as directory:
+                return directory.has_own_file(ack_name(round_index, job.job_id, job.restart_count))
+        except ProtocolError:
+            return False
+
+    def until_pending(
+        self,
+        job_ids: list[str],
+        view: JobsView | None = None,
+        on_pending: Callable[[list[str], JobsView], None] | None = None,
+    ) -> dict[str, str]:
+        """Wait until requeued jobs are PENDING (their GPUs free), calling ``on_pending`` with
+        the ones that just became so and the view that shows it, so each can go on at once.
+        Returns, with their state, the ones that ended instead (a completing job that was not
+        requeued after all) and the ones still not PENDING after :data:`COMPLETING_TIMEOUT_S`.
+        ``view``, if given, is Slurm as it is now (saves the first ``squeue``)."""
+        waiting = list(job_ids)
+        left: dict[str, str] = {}
+        deadline = self.clock.now() + COMPLETING_TIMEOUT_S
+        while waiting:
+            if view is None:
+                view = self.observe()
+            jobs = {job.job_id: job for job in view.jobs}
+            # 24.11 and 26.05 show a requeued job PENDING with the COMPLETING flag while its
+            # GPUs are still being taken back (22.05: COMPLETING, then PENDING).
+            pending = [
+                i
+                for i in waiting
+                if i not in jobs or (jobs[i].state == "PENDING" and not jobs[i].completing)
+            ]
+            left.update({i: jobs[i].state for i in waiting if i in jobs and jobs[i].finished})
+            waiting = [i for i in waiting if i not in pending and i not in left]
+            if pending and on_pending is not None:
+                on_pending(pending, view)
+            if not waiting:
+                break
+            if self.clock.now() >= deadline:
+                return {**left, **{i: jobs[i].state for i in waiting}}
+            self.clock.sleep(COMPLETING_POLL_S)
+            view = None
+        return left
