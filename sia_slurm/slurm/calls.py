@@ -9,6 +9,7 @@ themselves are built in :mod:`sia_slurm.slurm.commands`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from sia_slurm.slurm import commands
@@ -17,27 +18,32 @@ from sia_slurm.slurm.settings import SlurmSettings, parse_settings
 
 logger = logging.getLogger(__name__)
 
-# Slurm 24.11 and 26.05 without accounting storage refuse an `scontrol update` that sets
-# Partition= now and then: exit 1, "Resource temporarily unavailable for job J" (slurmctld's
-# _update_job looks up the job's association, finds none, and returns whatever errno its RPC
-# thread holds; tests/fixtures/slurm-24.11/README.md). The same update sent again takes:
-# measured on 24.11.5, 40 Partition= updates took 1 to 4 tries each (35% refused per try).
-# 22.05 never refused one. Sites with slurmdbd have an association and should not see it.
+# Slurm 24.11 and 26.05 without accounting storage refuse an `scontrol update` that changes
+# Partition= now and then: exit 1, "Resource temporarily unavailable for job J". slurmctld's
+# _update_job (src/slurmctld/job_mgr.c, also on Slurm's master) asks _retrieve_new_assoc for
+# the job's association in the new partition; without slurmdbd there is none, NULL comes back
+# with errno untouched, and the update fails with whatever errno the RPC thread last set
+# (often EAGAIN, more often under load). 22.05 never refused one here. The same update sent
+# again takes once errno happens to be 0: measured on 24.11.5, 40 updates as root took 1-4
+# tries; on 26.05.5 beside a busy test session 45 updates (root, SlurmUser, the job's owner)
+# took 1 to over 10. Sites with slurmdbd find the association and are not affected.
 UPDATE_EAGAIN = "Resource temporarily unavailable"
-UPDATE_TRIES = 8
+UPDATE_TRIES = 30
+UPDATE_PAUSE_S = 0.1
 
 
 class SlurmCalls:
     """Runs Slurm commands through ``runner``."""
 
-    def __init__(self, runner: CommandRunner) -> None:
+    def __init__(self, runner: CommandRunner, pause: Callable[[float], None] = time.sleep) -> None:
         self.runner = runner
+        self._pause = pause  # between tries of an update refused with EAGAIN
         self._settings: SlurmSettings | None = None
 
     def run(self, argv: list[str]) -> str:
         """Run a command that must succeed (:class:`CommandError` otherwise); its stdout. An
-        ``scontrol update`` refused with EAGAIN is sent again at once, up to
-        :data:`UPDATE_TRIES` times (see :data:`UPDATE_EAGAIN`)."""
+        ``scontrol update`` refused with EAGAIN is sent again after :data:`UPDATE_PAUSE_S`,
+        up to :data:`UPDATE_TRIES` times (see :data:`UPDATE_EAGAIN`)."""
         for attempt in range(1, UPDATE_TRIES + 1):
             try:
                 return self.runner.run(argv).stdout
@@ -45,6 +51,7 @@ class SlurmCalls:
                 if attempt == UPDATE_TRIES or not _refused_for_now(argv, exc):
                     raise
                 logger.info("%s: refused (%s), try %d", " ".join(argv), UPDATE_EAGAIN, attempt)
+                self._pause(UPDATE_PAUSE_S)
         raise AssertionError("unreachable")
 
     def run_quiet(self, argv: list[str]) -> None:

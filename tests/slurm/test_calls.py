@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from sia_slurm.slurm.calls import UPDATE_TRIES, SlurmCalls
+from sia_slurm.slurm.calls import UPDATE_PAUSE_S, UPDATE_TRIES, SlurmCalls
 from sia_slurm.slurm.runner import CommandError, CommandResult
 
 EAGAIN = "Resource temporarily unavailable for job 7\n"  # 24.11.5's exact stderr
@@ -33,14 +33,16 @@ UPDATE = ["scontrol", "update", "JobId=7", "Partition=rtx"]
 
 def test_an_update_refused_for_now_is_sent_again() -> None:
     runner = Refusing(3)
-    assert SlurmCalls(runner).run(UPDATE) == "done"
+    pauses: list[float] = []
+    assert SlurmCalls(runner, pauses.append).run(UPDATE) == "done"
     assert runner.calls == [UPDATE] * 4
+    assert pauses == [UPDATE_PAUSE_S] * 3
 
 
 def test_it_gives_up_after_the_last_try() -> None:
     runner = Refusing(UPDATE_TRIES)
     with pytest.raises(CommandError, match="Resource temporarily unavailable"):
-        SlurmCalls(runner).run(UPDATE)
+        SlurmCalls(runner, lambda s: None).run(UPDATE)
     assert len(runner.calls) == UPDATE_TRIES
 
 
@@ -54,5 +56,5 @@ def test_it_gives_up_after_the_last_try() -> None:
 def test_other_failures_are_not_retried(argv: list[str], stderr: str) -> None:
     runner = Refusing(1, stderr)
     with pytest.raises(CommandError):
-        SlurmCalls(runner).run(argv)
+        SlurmCalls(runner, lambda s: None).run(argv)
     assert len(runner.calls) == 1
