@@ -15,3 +15,7 @@ TEST_PORT_BASE = int(os.environ.get("SIA_TEST_PORT_BASE", "17817"))
 # A second cluster some tests start (tests/slurm/test_dev_cluster.py) sits this far above it.
 SECOND_PORT_OFFSET = 500
 TEST_SLURM = os.environ.get("SIA_TEST_SLURM", "system")
+# The release that is: the host's Slurm is Debian 12's 22.05 on the machines this runs on.
+TEST_RELEASE = "22.05" if TEST_SLURM == "system" else TEST_SLURM
+# How `scontrol show job` prints TresPerNode's GPUs: gres:gpu:2 on 22.05, gres/gpu:2 from 24.11.
+TRES_GPU = "gres:gpu" if TEST_RELEASE == "22.05" else "gres/gpu"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sia_slurm.slurm.commands import DEFAULT_CRED_EXPIRE_S, parse_cred_expire
 
 # Releases whose behaviour the project verified on real daemons (docs/slurm-actuation.md).
-VERIFIED_RELEASES = ("22.05",)
+VERIFIED_RELEASES = ("22.05", "24.11", "26.05")
 # Slurm's own default MinJobAge (seconds), when the config does not show one.
 DEFAULT_MIN_JOB_AGE_S = 300
 # A finished job must stay known for at least this many rounds.

@@ -18,7 +18,7 @@ from sia_slurm.devcluster import DevCluster, DevClusterSpec
 from sia_slurm.devcluster.process import DaemonRecord, is_alive
 from sia_slurm.devcluster.roots import mounts_under
 from sia_slurm.slurm.inventory import parse_records, read_inventory
-from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_SLURM
+from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_RELEASE, TEST_SLURM
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,12 @@ def wait_for_job(cluster: DevCluster, job_id: str, timeout_s: float = 60) -> dic
         if record["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             return record
         time.sleep(0.3)
-    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s: {record}")
+    others = runner.run(["squeue", "-h", "-o", "%i %u %T %P %N %r %k"], check=False).stdout
+    nodes = runner.run(["sinfo", "-N", "-h", "-o", "%N %T %G %E"], check=False).stdout
+    raise AssertionError(
+        f"job {job_id} did not finish in {timeout_s} s: {record}\nsqueue:\n{others}\n"
+        f"sinfo:\n{nodes}"
+    )
 
 
 def sbatch(cluster: DevCluster, *args: str) -> str:
@@ -112,7 +117,7 @@ def test_config_check_live(slurm_env: dict[str, str], tmp_path: Path) -> None:
     good = runner.invoke(cli, ["config", "check", "--live", str(REPO / "etc" / "sia.yaml")])
     assert good.exit_code == 0, good.output
     assert "OK (live: a100=gpu:a100:4, rtx=gpu:rtx:4, t4=gpu:t4:4)" in good.output
-    assert ": Slurm 22.05.8\n" in good.output and "warning" not in good.output
+    assert f": Slurm {TEST_RELEASE}." in good.output and "warning" not in good.output
 
     bad = tmp_path / "sia.yaml"
     bad.write_text(

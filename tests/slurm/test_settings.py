@@ -32,7 +32,9 @@ def test_missing_keys_are_slurms_defaults() -> None:
 def test_an_unverified_release_and_a_short_min_job_age_are_warned_about() -> None:
     settings = parse_settings("SLURM_VERSION = 23.11.4\nMinJobAge = 60 sec\n")
     first, second = settings.warnings(round_seconds=60)
-    assert first.startswith("Slurm 23.11.4 is not a release sia-slurm has verified (22.05)")
+    assert first.startswith(
+        "Slurm 23.11.4 is not a release sia-slurm has verified (22.05, 24.11, 26.05)"
+    )
     assert second.startswith("MinJobAge=60 s is shorter than 3 rounds (180 s)")
     assert parse_settings("").warnings(60)[0].startswith("Slurm (version not shown) is not")
 
