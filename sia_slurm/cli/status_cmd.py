@@ -240,8 +240,8 @@ def status(
         click.echo(line)
     if not jobs:
         click.echo("(no managed jobs)")
-    failed = [j for j in jobs if j.phase == "failed" and j.message]
-    if failed:
+    said = [j for j in jobs if j.message and j.phase in ("failed", "starting", "pending")]
+    if said:
         click.echo("")
-    for j in failed:
-        click.echo(f"{j.sia_id} failed: {j.message}")
+    for j in said:  # why a job failed, or waits (Slurm's reason for a released job)
+        click.echo(f"{j.sia_id} {j.phase}: {j.message}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from sia_slurm.cli.main import cli
+from sia_slurm.cluster import JobPhase
 from sia_slurm.config import load_config
 from sia_slurm.protocol import JobSpec
 from sia_slurm.service import ServiceError, build_backend
@@ -181,3 +183,30 @@ def test_unwritable_log_file_is_a_clear_error(
     result = invoke(cluster, "controller", "run", "--once", "--config", str(config),
                     "--log-file", str(tmp_path / "plain" / "controller.log"))  # fmt: skip
     assert result.exit_code == 1 and "--log-file: cannot open it" in result.output
+
+
+def test_status_says_why_a_job_waits(setup: tuple[Path, FakeCluster]) -> None:
+    """A released job Slurm has not started yet shows Slurm's reason (issue 18 item 4)."""
+    config, cluster = setup
+    rounds(config, cluster, 2)
+    said = "released with its assignment; Slurm starting it (reason Resources)"
+
+    class Waiting:
+        def __init__(self, _config: object) -> None:
+            pass
+
+        def snapshot(self):  # type: ignore[no-untyped-def]
+            snapshot = cluster.snapshot()
+            jobs = tuple(
+                dataclasses.replace(j, phase=JobPhase.STARTING, message=said)
+                if j.sia_id == "train-a"
+                else j
+                for j in snapshot.jobs
+            )
+            return dataclasses.replace(snapshot, jobs=jobs)
+
+    result = CliRunner().invoke(
+        cli, ["status", "--config", str(config)], obj={"backend_factory": Waiting}
+    )
+    assert result.exit_code == 0, result.output
+    assert f"train-a starting: {said}" in result.output.splitlines()
