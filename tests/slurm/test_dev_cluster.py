@@ -47,7 +47,18 @@ def sbatch(cluster: DevCluster, *args: str) -> str:
 def test_nodes_are_idle_with_typed_gpus(
     dev_cluster: DevCluster, dev_cluster_spec: DevClusterSpec
 ) -> None:
-    inventory = read_inventory(dev_cluster.runner())
+    # An earlier test's cancelled job may leave a node IDLE+COMPLETING for a few seconds.
+    deadline = time.monotonic() + 30
+    while True:
+        inventory = read_inventory(dev_cluster.runner())
+        states = {
+            n.name: n.state
+            for g in dev_cluster_spec.groups
+            for n in inventory.nodes_of(g.partition)
+        }
+        if all("COMPLETING" not in s for s in states.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     for group in dev_cluster_spec.groups:
         nodes = inventory.nodes_of(group.partition)
         assert [n.name for n in nodes] == group.node_names()

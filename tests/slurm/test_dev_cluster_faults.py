@@ -48,6 +48,10 @@ def log_tail(cluster: DevCluster, lines: int = 40) -> str:
 
 
 def starts(out: Path) -> list[str]:
+    """The job's start lines; none while its output file does not exist yet (a job is RUNNING
+    before slurmd's step creates the file: seen on 24.11)."""
+    if not out.exists():
+        return []
     return [line for line in out.read_text().splitlines() if line.startswith("start")]
 
 
