@@ -1,0 +1,349 @@
+"""The chaos soak's evidence: what the jobs and the controller wrote, read into verdicts.
+
+``benchmarks/chaos.py`` runs the soak; everything here reads files and returns values, so that
+``tests/test_chaos_bench.py`` checks it without Slurm. The verdicts come from what the jobs and
+the controller wrote, never from what the soak meant to happen:
+
+* **completed exactly once**: the controller's database says ``done``, the job's log has one
+  ``training complete`` line (every rank-0 completion logs it after its final checkpoint) and
+  the job's launcher left one ``exit-<run>.json`` whose cause is ``completed``;
+* **failed by its own code**: the database says ``failed`` and the last run's exit record
+  blames the job (``failed``/``invalid``: :attr:`sia_slurm.protocol.ExitCause.users_fault`);
+* **lost**: neither (failed without an exit of its own, gone, never finished);
+* **duplicated**: two completions, two launches for one journaled decision (the launcher logs
+  the round of the assignment it launched, the Slurm job id and restart count), or two Slurm
+  runs training at once (the rank-0 sample log, appended to by every run in the order the
+  steps were trained, has a step of an older run after the first step of a newer one);
+* **steps redone beyond the last checkpoint**: each restore (``restored step N`` or ``no
+  checkpoint ...: starting from scratch``) against the newest checkpoint logged as written
+  before it (stop, termination and completion each log theirs after the save returned, so a
+  logged checkpoint is complete). A restore below it lost steps that had been saved.
+  The steps redone since the checkpoint (work of a run killed before it could save) are
+  counted apart: that is what a crash costs, not a loss.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OWN_FAULT_CAUSES = ("failed", "invalid")  # ExitCause.users_fault
+
+
+# ----------------------------------------------------------------------------------------------
+# The job logs
+
+_TS = r"(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(?P<ms>\d{3})"
+_TAG = r"\[round=(?P<round>\d+) job=(?P<job>[^\]\s]+)\]"
+LAUNCH_LINE = re.compile(
+    _TS + r" sia-launch \S+ " + _TAG + r" .*, restart (?P<restart>\d+): .*--rdzv-id=(?P<slurm>\d+)"
+)
+RANK0_LINE = re.compile(_TS + r" rank0 \S+ \S+ " + _TAG + r" (?P<message>.*)$")
+RESTORED = re.compile(r"^restored step (\d+) ")
+SCRATCH = re.compile(r"^no checkpoint in .*: starting from scratch")
+SAVED = re.compile(r"checkpoint \S*ckpt-(\d{10})\.pt\b")
+COMPLETE = re.compile(r"^training complete after (\d+) steps")
+LEFT_BEHIND = re.compile(r"was left behind")
+# launcher/elastic/checkpoint.py, when a restore passes over an incomplete or corrupt checkpoint
+SKIPPED = re.compile(
+    _TS + r" rank0 \S+ WARNING checkpoint \S*ckpt-(?P<step>\d{10})\.pt: .*; skipping it$"
+)
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One line of a job's log that matters to the verdicts.
+
+    ``kind``: ``launch`` (sia-launch started a run: ``slurm_job``, ``restart``), ``restore``
+    (rank 0 restored ``step``; 0 from scratch), ``saved`` (a checkpoint of ``step`` is
+    complete), ``complete`` (training done at ``step``; its checkpoint is saved), ``left``
+    (a run left behind exits), ``skipped`` (a restore passed over the incomplete checkpoint
+    of ``step``; its line names no job or round: ``round`` -1)."""
+
+    time: float
+    kind: str
+    job: str
+    round: int
+    step: int = 0
+    slurm_job: str = ""
+    restart: int = -1
+
+
+def _when(match: re.Match[str]) -> float:
+    return time.mktime(time.strptime(match["ts"], "%Y-%m-%d %H:%M:%S")) + int(match["ms"]) / 1e3
+
+
+def parse_job_log(lines: Iterable[str]) -> list[LogEvent]:
+    """The events among a job's log lines, in file order (other lines are ignored)."""
+    events: list[LogEvent] = []
+    for line in lines:
+        launch = LAUNCH_LINE.search(line)
+        if launch is not None:
+            events.append(
+                LogEvent(
+                    _when(launch), "launch", launch["job"], int(launch["round"]),
+                    slurm_job=launch["slurm"], restart=int(launch["restart"]),
+                )
+            )  # fmt: skip
+            continue
+        skipped = SKIPPED.search(line)
+        if skipped is not None:
+            events.append(LogEvent(_when(skipped), "skipped", "", -1, int(skipped["step"])))
+            continue
+        rank0 = RANK0_LINE.search(line)
+        if rank0 is None:
+            continue
+        when, job, round_index = _when(rank0), rank0["job"], int(rank0["round"])
+        message = rank0["message"]
+        if (found := RESTORED.search(message)) is not None:
+            events.append(LogEvent(when, "restore", job, round_index, int(found[1])))
+        elif SCRATCH.search(message):
+            events.append(LogEvent(when, "restore", job, round_index, 0))
+        elif (found := COMPLETE.search(message)) is not None:
+            events.append(LogEvent(when, "complete", job, round_index, int(found[1])))
+        elif (found := SAVED.search(message)) is not None:
+            events.append(LogEvent(when, "saved", job, round_index, int(found[1])))
+        elif LEFT_BEHIND.search(message):
+            events.append(LogEvent(when, "left", job, round_index))
+    return events
+
+
+def read_job_log(path: Path) -> list[LogEvent]:
+    """:func:`parse_job_log` of a file; a missing file (the job never ran) has no events."""
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return parse_job_log(handle)
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A run's restore against the newest checkpoint logged before it (None: none yet)."""
+
+    time: float
+    restored: int
+    last_checkpoint: int | None
+
+    @property
+    def beyond(self) -> int:
+        """Saved steps this restore went back past: what the goal says must stay 0."""
+        if self.last_checkpoint is None:
+            return 0
+        return max(0, self.last_checkpoint - self.restored)
+
+
+def restores(events: Sequence[LogEvent]) -> list[Restore]:
+    """Every restore with the newest checkpoint logged as complete before it (time order)."""
+    saved: int | None = None
+    found = []
+    for event in sorted(events, key=lambda e: e.time):  # stable: file order breaks ties
+        if event.kind in ("saved", "complete"):
+            saved = event.step if saved is None else max(saved, event.step)
+        elif event.kind == "restore":
+            found.append(Restore(event.time, event.step, saved))
+    return found
+
+
+def duplicate_launches(events: Sequence[LogEvent]) -> dict[int, list[tuple[str, int]]]:
+    """Rounds (journaled decisions) launched by more than one Slurm run: round -> runs."""
+    runs: dict[int, set[tuple[str, int]]] = {}
+    for event in events:
+        if event.kind == "launch":
+            runs.setdefault(event.round, set()).add((event.slurm_job, event.restart))
+    return {r: sorted(found) for r, found in sorted(runs.items()) if len(found) > 1}
+
+
+# ----------------------------------------------------------------------------------------------
+# The rank-0 sample log (launcher/examples/common.py SampleLog, one line per trained step)
+
+
+@dataclass(frozen=True)
+class SampleRuns:
+    """What the rank-0 sample log says about the job's runs (a run = Slurm restart count)."""
+
+    first_step: dict[int, int] = field(default_factory=dict)  # run -> its first trained step
+    last_step: dict[int, int] = field(default_factory=dict)  # run -> its last trained step
+    overlaps: tuple[tuple[int, int], ...] = ()  # (older, newer): older trained after newer began
+    steps_redone: int = 0  # steps trained again because a run ended before saving them
+
+
+def parse_sample_log(lines: Iterable[str]) -> SampleRuns:
+    """Runs, overlaps and redone steps from rank 0's sample lines in file order (a line cut
+    short by a kill is skipped)."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    overlaps: set[tuple[int, int]] = set()
+    newest = -1
+    redone = 0
+    reached = -1  # the highest step any run has trained so far
+    for line in lines:
+        try:
+            record = json.loads(line)
+            step, run = int(record["step"]), int(record["restarts"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if run < newest:
+            overlaps.add((run, newest))
+        if run not in first:
+            first[run] = step
+            redone += max(0, reached + 1 - step)
+        newest = max(newest, run)
+        last[run] = step
+        reached = max(reached, step)
+    return SampleRuns(first, last, tuple(sorted(overlaps)), redone)
+
+
+def read_sample_log(path: Path) -> SampleRuns:
+    if not path.exists():
+        return SampleRuns()
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return parse_sample_log(handle)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exit records and the verdict per job
+
+
+def read_exit_records(job_dir: Path) -> list[dict[str, Any]]:
+    """The launcher's ``exit-<run>.json`` records of a job, oldest first (unreadable: skipped)."""
+    records = []
+    for path in sorted(job_dir.glob("exit-*.json")) if job_dir.is_dir() else []:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return sorted(records, key=lambda r: float(r.get("time", 0.0)))
+
+
+@dataclass(frozen=True)
+class JobEvidence:
+    """Everything the verdict of one job rests on."""
+
+    name: str
+    sia_id: str
+    phase: str  # the controller database's (``done``, ``failed``, ``gone``, ``missing``, ...)
+    message: str
+    events: tuple[LogEvent, ...]
+    samples: SampleRuns
+    exits: tuple[dict[str, Any], ...]
+    slurm_states: tuple[str, ...] = ()  # the last state Slurm showed for each of its Slurm jobs
+
+    @property
+    def completions(self) -> int:
+        return sum(1 for e in self.events if e.kind == "complete")
+
+    @property
+    def completed_exits(self) -> int:
+        return sum(1 for r in self.exits if r.get("cause") == "completed")
+
+    @property
+    def own_failure(self) -> bool:
+        return bool(self.exits) and self.exits[-1].get("cause") in OWN_FAULT_CAUSES
+
+    @property
+    def restores(self) -> list[Restore]:
+        return restores(self.events)
+
+    @property
+    def steps_beyond_checkpoint(self) -> int:
+        return sum(r.beyond for r in self.restores)
+
+    @property
+    def duplicate_launches(self) -> dict[int, list[tuple[str, int]]]:
+        return duplicate_launches(self.events)
+
+    @property
+    def launched_twice(self) -> bool:
+        """Two launches for one decision, or two Slurm runs training at once."""
+        return bool(self.duplicate_launches or self.samples.overlaps)
+
+    @property
+    def verdict(self) -> str:
+        """``completed once``, ``failed (own code)``, ``duplicated`` or ``lost``."""
+        if self.completions > 1 or self.completed_exits > 1:
+            return "duplicated"
+        if self.phase == "done" and self.completions == 1 and self.completed_exits == 1:
+            return "completed once"
+        if self.phase == "failed" and self.own_failure:
+            return "failed (own code)"
+        return "lost"
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON form: the counts and what each verdict rests on."""
+        return {
+            "name": self.name,
+            "sia_id": self.sia_id,
+            "verdict": self.verdict,
+            "phase": self.phase,
+            "message": self.message,
+            "completions": self.completions,
+            "completed_exits": self.completed_exits,
+            "exit_causes": [r.get("cause") for r in self.exits],
+            "slurm_states": list(self.slurm_states),
+            "launches": sum(1 for e in self.events if e.kind == "launch"),
+            "restores": [
+                {"restored": r.restored, "last_checkpoint": r.last_checkpoint, "beyond": r.beyond}
+                for r in self.restores
+            ],
+            "steps_beyond_checkpoint": self.steps_beyond_checkpoint,
+            "steps_redone_since_checkpoint": self.samples.steps_redone,
+            "duplicate_launches": {str(k): v for k, v in self.duplicate_launches.items()},
+            "overlapping_runs": [list(pair) for pair in self.samples.overlaps],
+            "left_behind_exits": sum(1 for e in self.events if e.kind == "left"),
+        }
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The soak's line of the table."""
+
+    faults: int
+    jobs: int
+    completed_once: int
+    failed_own: int
+    lost: int
+    duplicated: int
+    steps_beyond_checkpoint: int
+    launched_twice: int
+    steps_redone_since_checkpoint: int
+
+
+def totals(jobs: Sequence[JobEvidence], faults_injected: int) -> Totals:
+    verdicts = [job.verdict for job in jobs]
+    return Totals(
+        faults=faults_injected,
+        jobs=len(jobs),
+        completed_once=verdicts.count("completed once"),
+        failed_own=verdicts.count("failed (own code)"),
+        lost=verdicts.count("lost"),
+        duplicated=verdicts.count("duplicated"),
+        steps_beyond_checkpoint=sum(job.steps_beyond_checkpoint for job in jobs),
+        launched_twice=sum(1 for job in jobs if job.launched_twice),
+        steps_redone_since_checkpoint=sum(job.samples.steps_redone for job in jobs),
+    )
+
+
+TABLE_HEADER = (
+    "| faults injected | jobs completed exactly once | jobs failed (own code) | "
+    "steps redone beyond the last checkpoint | jobs launched twice for one decision |"
+)
+
+
+def table(result: Totals) -> list[str]:
+    """The issue's table (markdown), and the two counts the goal adds: lost and duplicated."""
+    return [
+        TABLE_HEADER,
+        "|---|---|---|---|---|",
+        f"| {result.faults} | {result.completed_once} of {result.jobs} | {result.failed_own} | "
+        f"{result.steps_beyond_checkpoint} | {result.launched_twice} |",
+        "",
+        f"lost: {result.lost}, duplicated: {result.duplicated}; steps redone since the last "
+        f"checkpoint (work of killed runs, not a loss): {result.steps_redone_since_checkpoint}",
+    ]
