@@ -60,6 +60,8 @@ def test_mount_plan_binds_parents_before_children() -> None:
         Mount("bind", "/sys", MOUNT_POINT / "sys"),
         Mount("bind", "/etc/passwd", MOUNT_POINT / "etc/passwd"),
         Mount("bind", "/etc/group", MOUNT_POINT / "etc/group"),
+        Mount("bind", "/etc/shadow", MOUNT_POINT / "etc/shadow"),
+        Mount("bind", "/etc/gshadow", MOUNT_POINT / "etc/gshadow"),
         Mount("bind", "/etc/hosts", MOUNT_POINT / "etc/hosts"),
         Mount("bind", "/root/.pyenv", MOUNT_POINT / "root/.pyenv"),
         Mount("bind", "/tmp", MOUNT_POINT / "tmp"),

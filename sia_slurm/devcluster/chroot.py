@@ -16,14 +16,14 @@ release (``--slurm 24.11``/``26.05``) comes from the cached Debian root that
   Inside the root (a job calling ``srun`` with the wrappers still on its PATH) a wrapper runs
   the command directly.
 - **what jobs and daemons need from the host** is bound into the root at the same path:
-  /proc, /dev (with /dev/pts and /dev/shm: torch's shared memory), /sys, /etc/passwd and
-  /etc/group (the accounts must be the host's: slurmctld runs as the service account and
-  jobs as the test users), /etc/hosts (torch's rendezvous resolves the host's name), /tmp
-  (the tests' shared directories and the default cluster dir), /home, the cluster's directory
-  (config, munge socket, state, logs), the checkout and this Python's prefix (the root has its
-  own, other, python3 without torch). Verified: the host's
-  pyenv Python 3.11 with torch 2.13 imports torch, numpy, scipy, sqlite3, ssl and sia_slurm
-  inside the trixie (24.11) root, which carries every shared library they load.
+  /proc, /dev (with /dev/pts and /dev/shm: torch's shared memory), /sys, /etc/passwd, group,
+  shadow and gshadow (the accounts must be the host's: slurmctld runs as the service account
+  and jobs as the test users; slurmd's `su - USER` checks shadow), /etc/hosts (torch's
+  rendezvous resolves the host's name), /tmp (the tests' shared directories and the default
+  cluster dir), /home, the cluster's directory (config, munge socket, state, logs), the
+  checkout and this Python's prefix (the root has its own, other, python3 without torch).
+  Verified: the host's pyenv Python 3.11 with torch 2.13 imports torch, numpy, scipy, sqlite3,
+  ssl and sia_slurm inside the trixie (24.11) root, which carries every library they load.
 
 Each cluster binds the cached root at its own mount point, ``<dir>/root``, and mounts the rest
 below it, so two clusters of one release never share a mount, and ``down`` unmounts every mount
@@ -62,9 +62,12 @@ _SYSTEM_OK = ("/usr/local",)
 # Host paths jobs and daemons of every dev cluster need, when they exist.
 _HOST_DIRS = ("/tmp", "/home")
 # The accounts must be the host's (slurmctld runs as the service account, jobs as the test
-# users); /etc/hosts names this host as the host does (torch's c10d rendezvous resolves it: on
-# the root's own /etc/hosts "vm" is unknown and the workers never meet).
-_HOST_FILES = ("/etc/passwd", "/etc/group", "/etc/hosts")
+# users), shadow files included: slurmd loads a job's login environment (SLURM_GET_USER_ENV,
+# e.g. `sbatch --export=NONE`, as the controller resubmits) with `su - USER`, whose PAM
+# account check fails ("su: Authentication failure") for a user the shadow file lacks.
+# /etc/hosts names this host as the host does (torch's c10d rendezvous resolves it: on the
+# root's own /etc/hosts "vm" is unknown and the workers never meet).
+_HOST_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/hosts")
 _DEV_SUBMOUNTS = ("/dev/pts", "/dev/shm")
 
 Log = Callable[[str], None]
