@@ -130,3 +130,35 @@ def test_a_stop_whose_final_hold_is_refused_is_held_by_the_next_round(fake_slurm
     backend.apply([])
     assert fake_slurm.calls == [["scontrol", "hold", a]]
     assert held_by_controller(fake_slurm, a)
+
+
+def test_a_refused_hold_fails_that_start_only_and_apply_does_not_raise(fake_slurm: Any) -> None:
+    a, b = fake_slurm.submit("a"), fake_slurm.submit("b")
+    fake_slurm.fail("hold", a, times=1)
+    backend = backend_for(fake_slurm)
+    results = backend.apply([start("a", "rtx", ["rtx-1"], 2), start("b", "t4", ["t4-1"], 1)])
+    assert [r.ok for r in results] == [False, True], [r.message for r in results]
+    assert f"scontrol hold {a}: exit status 1" in results[0].message
+    assert f"{BUSY} for job {a}" in results[0].message
+    assert fake_slurm.job(a)["priority"] == 0  # sbatch --hold's hold: never released
+    assert not fake_slurm.paths.assignment("a").exists()
+    assert fake_slurm.job(b)["priority"] == 1
+    (again,) = backend.apply([start("a", "rtx", ["rtx-1"], 2, round_index=2)])
+    assert again.ok, again.message
+    assert read_document(Assignment, fake_slurm.paths.assignment("a")).round_index == 2
+
+
+def test_a_refused_hold_after_the_requeue_fails_that_move_only(fake_slurm: Any) -> None:
+    a, b = fake_slurm.submit("a"), fake_slurm.submit("b")
+    fake_slurm.start(a, ["t4-1"])
+    fake_slurm.start(b, ["t4-2"])
+    backend = backend_for(fake_slurm)
+    fake_slurm.fail("hold", a, times=1)
+    results = backend.apply(
+        [move("a", "rtx", ["rtx-1"], 1, round_index=3), move("b", "rtx", ["rtx-2"], 1, 3)]
+    )
+    assert [r.ok for r in results] == [False, True], [r.message for r in results]
+    assert f"scontrol hold {a}: exit status 1" in results[0].message
+    assert fake_slurm.job(a)["job_state"] == "PENDING" and fake_slurm.job(a)["priority"] == 0
+    (again,) = backend.apply([start("a", "rtx", ["rtx-1"], 1, round_index=4)])
+    assert again.ok, again.message
