@@ -1,10 +1,62 @@
 #!/usr/bin/env bash
-# Install everything, then run the linters and the whole test suite, Slurm integration included.
-# The Slurm tests start their own dev cluster (real munged, slurmctld and slurmd); if Slurm
+# Install everything, then run the linters and the whole test suite, Slurm integration included,
+# on every Slurm release sia-slurm supports:
+#   - the whole suite on the host's Slurm (Debian 12: 22.05), output here as it runs;
+#   - the real-Slurm tests (tests/slurm, tests/launcher, tests/e2e) on Slurm 24.11 and 26.05,
+#     each from its Debian root (built once by debootstrap, ~1 min each, cached under
+#     /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; sia_slurm/devcluster/chroot.py).
+# The three pytest sessions run side by side, each with its own dev cluster on its own ports
+# (SIA_TEST_SLURM, SIA_TEST_PORT_BASE; tests/release.py): most of their time is spent waiting
+# on Slurm (requeue delays, node timeouts), not on the CPU, so together they take about as long
+# as the longest one. The output of the 24.11 and 26.05 sessions is printed when they end.
+# Arguments go to every session (e.g. `bash scripts/test.sh tests/slurm -x`); SIA_TEST_RELEASES
+# chooses the other releases ("" runs the host's alone); SIA_TEST_PORT_BASE (17817) moves all
+# three port ranges (the others start 3000 and 6000 above it).
+# The Slurm tests start their own dev clusters (real munged, slurmctld and slurmd); if Slurm
 # cannot start they fail, they are never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 ruff check .
 ruff format --check .
-python3 -m pytest -q "$@"
+
+read -r -a releases <<<"${SIA_TEST_RELEASES-24.11 26.05}"
+# Each session's cluster takes 7 ports from its base, and a second cluster 500 above it.
+base=${SIA_TEST_PORT_BASE:-17817}
+declare -A port_base=([24.11]=$((base + 3000)) [26.05]=$((base + 6000)))
+for release in "${releases[@]}"; do
+    [ -n "${port_base[$release]:-}" ] || { echo "test.sh: no port base for Slurm $release" >&2; exit 2; }
+done
+
+started=$(date +%s)
+# Build the missing roots first, side by side (debootstrap is mostly download and unpack).
+pids=()
+for release in "${releases[@]}"; do
+    sia-slurm dev-cluster root "$release" >/dev/null &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+echo "test.sh: Slurm roots ready after $(($(date +%s) - started)) s" >&2
+
+if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/slurm tests/launcher tests/e2e); fi
+logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
+declare -A session=()
+for release in "${releases[@]}"; do
+    SIA_TEST_SLURM=$release SIA_TEST_PORT_BASE=${port_base[$release]} \
+        python3 -m pytest -q -p no:cacheprovider "${targets[@]}" \
+        >"$logs/$release.log" 2>&1 &
+    session[$release]=$!
+done
+status=0
+python3 -m pytest -q "$@" || status=$?
+for release in "${releases[@]}"; do
+    code=0
+    wait "${session[$release]}" || code=$?
+    echo
+    echo "==================== Slurm $release: ${targets[*]} ===================="
+    cat "$logs/$release.log"
+    [ "$code" = 0 ] || status=$code
+done
+echo "test.sh: all sessions done after $(($(date +%s) - started)) s (exit $status)" >&2
+rm -rf "$logs"
+exit "$status"
