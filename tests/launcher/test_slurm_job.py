@@ -42,6 +42,7 @@ from sia_slurm.protocol import (
     read_document,
     write_document,
 )
+from sia_slurm.slurm.calls import SlurmCalls
 
 REPO = Path(__file__).resolve().parents[2]
 DATASET = 96
@@ -154,7 +155,9 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     assert len(steps_of(read_samples(samples), 0)) == trained  # ... and not training
     scontrol.run(["scontrol", "requeuehold", job_id])
     wait_for("the requeue", lambda: show_job()["JobState"] == "PENDING", 60, job_out)
-    scontrol.run([
+    # Through SlurmCalls, as the controller: 24.11 and 26.05 refuse a Partition= change now
+    # and then with EAGAIN when there is no slurmdbd, and it sends the update again.
+    SlurmCalls(scontrol).run([
         "scontrol", "update", f"JobId={job_id}", "Partition=rtx", "TresPerNode=gres:gpu:2",
         "NumNodes=2-2", "NumTasks=2",
     ])  # fmt: skip
