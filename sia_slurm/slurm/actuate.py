@@ -111,7 +111,7 @@ class _Placement:
     slurm_job_id: str = ""
     restarts: int = 0
     slurm_restart_count: int = 0  # Slurm's count of the run the job is released into
-    begin_time: float = 0.0  # Slurm's BeginTime of the pending job (after a requeue: its delay)
+    begin_time: float = 0.0  # Slurm's BeginTime of the pending job, 0 once it has passed
     resubmitted: bool = False
 
 
@@ -335,8 +335,9 @@ class Actuator:
         """The earliest second (slurmctld's clock) the run may start: 0 for a job that was
         never requeued (or was resubmitted); for a requeued one, the floor its assignment for
         the same run already holds (a start replayed after a crash: the BeginTime it reads now
-        may be the floor already set), else :func:`commands.relaunch_floor` of its BeginTime.
-        Slurm reports ``start_time`` 0 for a held job whose BeginTime has passed: no floor."""
+        may be the floor already set), else :func:`commands.relaunch_floor` of its BeginTime
+        (``eligible_time``: ``start_time`` may be the backfill scheduler's estimate). Slurm
+        reports ``start_time`` 0 for a held job whose BeginTime has passed: no floor."""
         if step.resubmitted or step.slurm_restart_count == 0:
             return 0.0
         previous = self._assignment(step.action.sia_id)
@@ -370,8 +371,8 @@ class Actuator:
             job.restart_count,
         ):
             return
-        if job.start_time <= assignment.not_before:
-            return  # due already (start_time 0), or brought forward before
+        if job.start_time == 0 or job.eligible_time <= assignment.not_before:
+            return  # due already, or brought forward before
         try:
             self.calls.run(commands.start_at(job.job_id, assignment.not_before))
         except CommandError as exc:
@@ -424,7 +425,7 @@ class Actuator:
             job.job_id,
             managed.restarts,
             job.restart_count,
-            job.start_time,
+            job.eligible_time if job.start_time > 0 else 0.0,
         )
 
     def _reshape(self, steps: list[_Placement], book: _Round) -> None:

@@ -104,6 +104,11 @@ class SlurmJob:
     time_limit_min: int | None = None  # None: unlimited
     account: str = ""
     qos: str = ""
+    # Slurm's BeginTime (``details->begin_time``): after a requeue, the kill's second plus
+    # cred_expire + 1. ``start_time`` is the same while that lies ahead, 0 for a held job once
+    # it has passed, and the backfill scheduler's estimate for a released one (a year ahead
+    # when the running jobs have no time limit), so only this field says when the requeue was.
+    eligible_time: float = 0.0
 
     @property
     def cpus_per_task(self) -> int:
@@ -220,6 +225,7 @@ def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
         time_limit_min=None if limit is None else int(limit),
         account=_text(raw, "account"),
         qos=_text(raw, "qos"),
+        eligible_time=float(number(raw.get("eligible_time")) or 0),
     )
 
 

@@ -106,6 +106,7 @@ def job_record(job: Any) -> dict[str, Any]:
         "priority": job.priority,
         "submit_time": job.submit_time,
         "start_time": job.start_time,
+        "eligible_time": job.eligible_time,
         "end_time": job.end_time,
         "user_id": job.user_id,
         "group_id": job.group_id,

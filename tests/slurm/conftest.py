@@ -4,7 +4,8 @@
 commands the backend issues from an in-memory job table, with the 22.05.8 behaviours the backend
 relies on (docs/slurm-actuation.md): a requeued job reports the node count of its last
 allocation; a requeue bumps the restart count, holds the job under a *user* hold
-(``JobHeldUser``) and delays it to BeginTime = now + cred_expire + 1 (squeue's ``start_time``);
+(``JobHeldUser``) and delays it to BeginTime = now + cred_expire + 1 (squeue's
+``eligible_time``, and ``start_time`` while it lies ahead);
 ``sbatch --hold`` is a user hold too, the controller's ``scontrol hold`` an admin hold
 (``JobHeldAdmin``), which the job's user cannot release (:meth:`FakeSlurm.user_release`). Jobs
 belong to the test's own uid unless submitted for another. Every argv is recorded, so tests
@@ -137,6 +138,7 @@ class FakeSlurm:
             "restart_cnt": 0,
             "submit_time": self.clock.now(),
             "start_time": 0,
+            "eligible_time": 0,
             "end_time": 0,
             "user_id": uid,
             "group_id": os.getegid(),
@@ -176,6 +178,7 @@ class FakeSlurm:
             gres_detail=[],
             restart_cnt=job["restart_cnt"] + 1,
             start_time=int(self.clock.now()) + self.cred_expire_s + 1,
+            eligible_time=int(self.clock.now()) + self.cred_expire_s + 1,
         )
 
     def user_release(self, job_id: str) -> bool:
@@ -326,7 +329,7 @@ class FakeSlurm:
                 elif key == "ReqNodeList":
                     job["required_nodes"] = value
                 elif key == "StartTime":
-                    job["start_time"] = self._begin_time(value)
+                    job["start_time"] = job["eligible_time"] = self._begin_time(value)
         if refused:
             raise _Refused("\n".join(refused))
         return ""

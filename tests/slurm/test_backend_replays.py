@@ -45,7 +45,7 @@ def test_a_move_replayed_after_its_release_still_brings_the_job_forward(fake_slu
     this round's assignment ("already moved") and must still cut Slurm's requeue delay."""
     job_id, requeued_at = moved_and_requeued(fake_slurm)
     delayed = requeued_at + fake_slurm.cred_expire_s + 1
-    fake_slurm.job(job_id)["start_time"] = delayed  # as if the StartTime had not been sent
+    fake_slurm.job(job_id).update(start_time=delayed, eligible_time=delayed)  # no StartTime
     fake_slurm.clear_calls()
     (replayed,) = backend_for(fake_slurm).apply([move("a", "rtx", ["rtx-1"], 1, round_index=2)])
     assert replayed.ok and "already moved" in replayed.message, replayed.message
@@ -82,7 +82,7 @@ def test_a_job_stopped_past_its_requeue_delay_starts_without_a_start_time(
     assert backend.apply([start("a", "t4", ["t4-1"], 1)])[0].ok
     fake_slurm.start(job_id, ["t4-1"])
     assert backend.apply([Stop("a", 2)])[0].ok
-    fake_slurm.job(job_id)["start_time"] = 0  # the requeue delay has passed
+    fake_slurm.job(job_id)["start_time"] = 0  # the requeue delay has passed (BeginTime stays)
     fake_slurm.clear_calls()
     (started,) = backend.apply([start("a", "t4", ["t4-1"], 1, round_index=3)])
     assert started.ok, started.message
@@ -141,3 +141,22 @@ def test_a_stopped_job_that_completes_instead_ends_the_wait_at_once(fake_slurm: 
     (stopped,) = backend.apply([Stop("a", 2)])
     assert fake_slurm.clock.now() - began < 5.0
     assert not stopped.ok and "COMPLETED, not PENDING" in stopped.message, stopped.message
+
+
+def test_the_floor_comes_from_the_begin_time_not_the_backfill_estimate(fake_slurm: Any) -> None:
+    """A released requeued job Slurm could not start (Resources) shows the backfill
+    scheduler's estimate as ``start_time``: with running jobs of unlimited time, a year
+    ahead. Held again and decided anew, its floor comes from its BeginTime
+    (``eligible_time``), never from that estimate, or it would not start for a year."""
+    job_id, requeued_at = moved_and_requeued(fake_slurm)
+    a_year = fake_slurm.clock.now() + 365 * 86400
+    begin = requeued_at + fake_slurm.cred_expire_s + 1  # as if no StartTime had been sent
+    fake_slurm.job(job_id).update(
+        start_time=a_year, eligible_time=begin, priority=0, state_reason="JobHeldAdmin"
+    )
+    fake_slurm.paths.assignment("a").unlink()  # no floor kept: computed again
+    (placed,) = backend_for(fake_slurm).apply([move("a", "t4", ["t4-2"], 1, round_index=5)])
+    assert placed.ok, placed.message
+    assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
+    assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
+    assert assignment.not_before == requeued_at + 2
