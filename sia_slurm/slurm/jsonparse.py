@@ -109,11 +109,19 @@ class SlurmJob:
     # it has passed, and the backfill scheduler's estimate for a released one (a year ahead
     # when the running jobs have no time limit), so only this field says when the requeue was.
     eligible_time: float = 0.0
+    # squeue's own ``cpus_per_task`` (24.11 and 26.05 fill it; 22.05 leaves it out): 0 unknown.
+    cpus_per_task_field: int = 0
 
     @property
     def cpus_per_task(self) -> int:
-        """CPUs per task, from the job's CPU and task counts (22.05's ``cpus_per_task`` field
-        stays empty even for ``--cpus-per-task``)."""
+        """CPUs per task: Slurm's own field where it prints one (24.11, 26.05), else from the
+        job's CPU and task counts (22.05's ``cpus_per_task`` field stays empty even for
+        ``--cpus-per-task``). The counts mislead on 24.11 and 26.05 after a running job's
+        owner shrank it (``NumNodes=1``) and it was requeued: ``NumTasks`` 1 but ``NumCPUs``
+        still 2, which made a reshape ask 2 CPUs per task and left the job BadConstraints
+        (tests/e2e/test_security_live.py)."""
+        if self.cpus_per_task_field > 0:
+            return self.cpus_per_task_field
         return max(1, self.cpus // self.tasks) if self.tasks > 0 else 1
 
     @property
@@ -207,6 +215,7 @@ def parse_job(raw: Mapping[str, Any]) -> SlurmJob:
         node_count=int(number(raw.get("node_count")) or len(nodes)),
         tasks=int(number(raw.get("tasks")) or 0),
         cpus=int(number(raw.get("cpus")) or 0),
+        cpus_per_task_field=int(number(raw.get("cpus_per_task")) or 0),
         gpus_per_node=detail,
         requested_gpus_per_node=requested,
         required_nodes=expand_hostlist(_text(raw, "required_nodes")),

@@ -114,6 +114,16 @@ def test_newer_version_shapes() -> None:
     assert job.time_limit_min is None and job.cpus_per_task == 2
 
 
+def test_cpus_per_task_is_slurms_own_where_it_prints_it() -> None:
+    """24.11/26.05 after a shrunk running job was requeued: NumTasks 1, NumCPUs 2 (seen live);
+    the counts would say 2 CPUs per task, the job asked for 1."""
+    shrunk = {**NEWER_JOB, "tasks": {"set": True, "infinite": False, "number": 1}}
+    shrunk["cpus"] = {"set": True, "infinite": False, "number": 2}
+    assert parse_job(shrunk).cpus_per_task == 2  # no field: from the counts, as on 22.05
+    shrunk["cpus_per_task"] = {"set": True, "infinite": False, "number": 1}
+    assert parse_job(shrunk).cpus_per_task == 1
+
+
 def test_held_by_state_flag_and_gpus_from_alloc_tres() -> None:
     raw = {
         **NEWER_JOB,
