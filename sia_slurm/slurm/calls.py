@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 # (often EAGAIN, more often under load). 22.05 never refused one here. The same update sent
 # again takes once errno happens to be 0: measured on 24.11.5, 40 updates as root took 1-4
 # tries; on 26.05.5 beside a busy test session 45 updates (root, SlurmUser, the job's owner)
-# took 1 to over 10. Sites with slurmdbd find the association and are not affected.
-UPDATE_EAGAIN = "Resource temporarily unavailable"
+# took 1 to over 10. The stale errno can be EINTR too ("Interrupted system call", seen on
+# 24.11.5 under load). Sites with slurmdbd find the association and are not affected.
+STALE_ERRNO_MESSAGES = ("Resource temporarily unavailable", "Interrupted system call")
 UPDATE_TRIES = 30
 UPDATE_PAUSE_S = 0.1
 
@@ -42,15 +43,16 @@ class SlurmCalls:
 
     def run(self, argv: list[str]) -> str:
         """Run a command that must succeed (:class:`CommandError` otherwise); its stdout. An
-        ``scontrol update`` refused with EAGAIN is sent again after :data:`UPDATE_PAUSE_S`,
-        up to :data:`UPDATE_TRIES` times (see :data:`UPDATE_EAGAIN`)."""
+        ``scontrol update`` refused with a stale errno is sent again after
+        :data:`UPDATE_PAUSE_S`, up to :data:`UPDATE_TRIES` times (see
+        :data:`STALE_ERRNO_MESSAGES`)."""
         for attempt in range(1, UPDATE_TRIES + 1):
             try:
                 return self.runner.run(argv).stdout
             except CommandError as exc:
-                if attempt == UPDATE_TRIES or not _refused_for_now(argv, exc):
+                if attempt == UPDATE_TRIES or not refused_for_now(argv, exc.stderr):
                     raise
-                logger.info("%s: refused (%s), try %d", " ".join(argv), UPDATE_EAGAIN, attempt)
+                logger.info("%s: refused (%s), try %d", " ".join(argv), exc.stderr, attempt)
                 self._pause(UPDATE_PAUSE_S)
         raise AssertionError("unreachable")
 
@@ -99,6 +101,9 @@ class SlurmCalls:
         return self._settings
 
 
-def _refused_for_now(argv: Sequence[str], exc: CommandError) -> bool:
-    """Whether Slurm refused an ``scontrol update`` with EAGAIN (:data:`UPDATE_EAGAIN`)."""
-    return list(argv[:2]) == ["scontrol", "update"] and UPDATE_EAGAIN in exc.stderr
+def refused_for_now(argv: Sequence[str], stderr: str) -> bool:
+    """Whether Slurm refused an ``scontrol update`` with a stale errno
+    (:data:`STALE_ERRNO_MESSAGES`), which the same update sent again may not meet."""
+    return list(argv[:2]) == ["scontrol", "update"] and any(
+        message in stderr for message in STALE_ERRNO_MESSAGES
+    )

@@ -39,6 +39,12 @@ def test_an_update_refused_for_now_is_sent_again() -> None:
     assert pauses == [UPDATE_PAUSE_S] * 3
 
 
+def test_a_stale_eintr_is_sent_again_too() -> None:
+    runner = Refusing(1, "Interrupted system call for job 7\n")  # 24.11.5 under load
+    assert SlurmCalls(runner, lambda s: None).run(UPDATE) == "done"
+    assert len(runner.calls) == 2
+
+
 def test_it_gives_up_after_the_last_try() -> None:
     runner = Refusing(UPDATE_TRIES)
     with pytest.raises(CommandError, match="Resource temporarily unavailable"):
