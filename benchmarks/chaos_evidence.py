@@ -4,14 +4,19 @@
 ``tests/test_chaos_bench.py`` checks it without Slurm. The verdicts come from what the jobs and
 the controller wrote, never from what the soak meant to happen:
 
-* **completed exactly once**: the controller's database says ``done``, the job's log has one
-  ``training complete`` line (every rank-0 completion logs it after its final checkpoint) and
-  the job's launcher left one ``exit-<run>.json`` whose cause is ``completed``;
+* **completed exactly once**: the controller's database says ``done`` and the job's log has
+  one ``training complete`` line of a run that trained (every rank-0 completion logs it after
+  its final checkpoint). A run that restored the final checkpoint and completed at once (the
+  previous run completed, then died with its node before its launcher could record it, so the
+  controller brought it back) trained nothing again: a *replayed* completion, counted apart;
+* **false completion records**: an ``exit-<run>.json`` whose cause is ``completed`` for a run
+  that logged no completion (seen: ``srun`` exited 0 after "Node failure");
 * **failed by its own code**: the database says ``failed`` and the last run's exit record
   blames the job (``failed``/``invalid``: :attr:`sia_slurm.protocol.ExitCause.users_fault`);
 * **lost**: neither (failed without an exit of its own, gone, never finished);
-* **duplicated**: two completions, two launches for one journaled decision (the launcher logs
-  the round of the assignment it launched, the Slurm job id and restart count), or two Slurm
+* **duplicated**: two completions that trained, two launches for one journaled decision (the
+  launcher logs the round of the assignment it launched, the Slurm job id and restart count),
+  or two Slurm
   runs training at once (the rank-0 sample log, appended to by every run in the order the
   steps were trained, has a step of an older run after the first step of a newer one);
 * **steps redone beyond the last checkpoint**: each restore (``restored step N`` or ``no
@@ -27,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +154,44 @@ def restores(events: Sequence[LogEvent]) -> list[Restore]:
     return found
 
 
+def completions(events: Sequence[LogEvent]) -> tuple[int, int]:
+    """``(trained, replayed)``: completions of runs that trained, and of runs that restored the
+    step a previous completion had reached and completed without a step."""
+    trained = replayed = 0
+    done_at: int | None = None
+    restored: int | None = None
+    for event in sorted(events, key=lambda e: e.time):
+        if event.kind == "restore":
+            restored = event.step
+        elif event.kind == "complete":
+            if done_at is not None and restored == done_at == event.step:
+                replayed += 1
+            else:
+                trained += 1
+            done_at = event.step
+    return trained, replayed
+
+
+def false_completions(events: Sequence[LogEvent], exits: Sequence[Mapping[str, Any]]) -> int:
+    """Exit records saying ``completed`` for a run that logged no completion between its launch
+    and the next launch (the record and the launch line both name the Slurm job and run)."""
+    launches = sorted((e for e in events if e.kind == "launch"), key=lambda e: e.time)
+    done = [e.time for e in events if e.kind == "complete"]
+    false = 0
+    for record in exits:
+        if record.get("cause") != "completed":
+            continue
+        run = (str(record.get("slurm_job_id")), record.get("slurm_restart_count"))
+        for i, launch in enumerate(launches):
+            if (launch.slurm_job, launch.restart) != run:
+                continue
+            end = launches[i + 1].time if i + 1 < len(launches) else float("inf")
+            if not any(launch.time <= t < end for t in done):
+                false += 1
+            break
+    return false
+
+
 def duplicate_launches(events: Sequence[LogEvent]) -> dict[int, list[tuple[str, int]]]:
     """Rounds (journaled decisions) launched by more than one Slurm run: round -> runs."""
     runs: dict[int, set[tuple[str, int]]] = {}
@@ -237,7 +280,16 @@ class JobEvidence:
 
     @property
     def completions(self) -> int:
-        return sum(1 for e in self.events if e.kind == "complete")
+        """Completions of runs that trained (replayed ones: :attr:`replayed_completions`)."""
+        return completions(self.events)[0]
+
+    @property
+    def replayed_completions(self) -> int:
+        return completions(self.events)[1]
+
+    @property
+    def false_completions(self) -> int:
+        return false_completions(self.events, self.exits)
 
     @property
     def completed_exits(self) -> int:
@@ -267,9 +319,9 @@ class JobEvidence:
     @property
     def verdict(self) -> str:
         """``completed once``, ``failed (own code)``, ``duplicated`` or ``lost``."""
-        if self.completions > 1 or self.completed_exits > 1:
+        if self.completions > 1:
             return "duplicated"
-        if self.phase == "done" and self.completions == 1 and self.completed_exits == 1:
+        if self.phase == "done" and self.completions == 1:
             return "completed once"
         if self.phase == "failed" and self.own_failure:
             return "failed (own code)"
@@ -284,6 +336,8 @@ class JobEvidence:
             "phase": self.phase,
             "message": self.message,
             "completions": self.completions,
+            "replayed_completions": self.replayed_completions,
+            "false_completion_records": self.false_completions,
             "completed_exits": self.completed_exits,
             "exit_causes": [r.get("cause") for r in self.exits],
             "slurm_states": list(self.slurm_states),
@@ -313,6 +367,8 @@ class Totals:
     steps_beyond_checkpoint: int
     launched_twice: int
     steps_redone_since_checkpoint: int
+    replayed_completions: int = 0
+    false_completion_records: int = 0
 
 
 def totals(jobs: Sequence[JobEvidence], faults_injected: int) -> Totals:
@@ -327,6 +383,8 @@ def totals(jobs: Sequence[JobEvidence], faults_injected: int) -> Totals:
         steps_beyond_checkpoint=sum(job.steps_beyond_checkpoint for job in jobs),
         launched_twice=sum(1 for job in jobs if job.launched_twice),
         steps_redone_since_checkpoint=sum(job.samples.steps_redone for job in jobs),
+        replayed_completions=sum(job.replayed_completions for job in jobs),
+        false_completion_records=sum(job.false_completions for job in jobs),
     )
 
 
@@ -346,4 +404,7 @@ def table(result: Totals) -> list[str]:
         "",
         f"lost: {result.lost}, duplicated: {result.duplicated}; steps redone since the last "
         f"checkpoint (work of killed runs, not a loss): {result.steps_redone_since_checkpoint}",
+        f"completions replayed from the final checkpoint (0 steps): {result.replayed_completions}"
+        f"; 'completed' exit records of runs that did not complete: "
+        f"{result.false_completion_records}",
     ]

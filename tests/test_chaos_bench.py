@@ -156,18 +156,39 @@ def evidence(
     return JobEvidence("bert-03", JOB, phase, "", events, samples or SampleRuns(), exits)
 
 
+def rerun(restart: int, restored: int, completed: int) -> str:
+    """Log lines of one more run of the job: launched, restored, completed."""
+    tag = f"[round=9 job={JOB}]"
+    return (
+        f"2026-11-25 06:09:00,000 sia-launch INFO {tag} a100:1x1 batch 12 = 1 x 12 x 1, "
+        f"restart {restart}: srun --nodes=1 --rdzv-id=1 --max-restarts=0\n"
+        f"2026-11-25 06:09:01,000 rank0 launcher.elastic.trainer INFO {tag} restored step "
+        f"{restored} (epoch 1, sample 0 of 480) from ckpt-{restored:010d}.pt\n"
+        f"2026-11-25 06:09:02,000 rank0 launcher.elastic.trainer INFO {tag} training complete "
+        f"after {completed} steps\n"
+    )
+
+
 def test_verdicts_rest_on_the_database_the_log_and_the_exit_records() -> None:
     complete = evidence("done", LOG, ["stopped", "failed", "completed"])
     assert complete.verdict == "completed once" and not complete.launched_twice
-    last = next(line for line in LOG.splitlines() if "training complete" in line)
-    assert evidence("done", LOG + last + "\n", ["completed"]).verdict == "duplicated"
-    assert evidence("done", LOG, ["completed", "completed"]).verdict == "duplicated"
-    assert evidence("done", LOG, []).verdict == "lost"  # Slurm's word only: no exit of its own
+    assert (complete.replayed_completions, complete.false_completions) == (0, 0)
+    # a later run that trained past the completion: the job trained twice
+    assert evidence("done", LOG + rerun(3, 70, 100), ["completed"]).verdict == "duplicated"
+    # a later run that restored the final checkpoint and completed at once (the completed run
+    # died with its node before its launcher recorded it): replayed, not duplicated
+    replay = evidence("done", LOG + rerun(3, 93, 93), ["stopped", "failed", "completed"])
+    assert replay.verdict == "completed once" and replay.replayed_completions == 1
+    # 'completed' recorded for runs 0 and 1, which logged no completion (srun exited 0 after a
+    # node failure): false records, whatever the verdict
+    assert evidence("done", LOG, ["completed", "completed", "completed"]).false_completions == 2
     assert evidence("failed", LOG, ["stopped", "failed"]).verdict == "failed (own code)"
     # failed after a run that Slurm ended (no fault of the job's): a lost job
     assert evidence("failed", LOG, ["stopped", "terminated"]).verdict == "lost"
     assert evidence("failed", LOG, ["stopped"]).verdict == "lost"
     assert evidence("gone", LOG, ["completed"]).verdict == "lost"
+    unfinished = "\n".join(line for line in LOG.splitlines() if "training complete" not in line)
+    assert evidence("done", unfinished, ["completed"]).verdict == "lost"
     overlap = SampleRuns({0: 0, 1: 5}, {0: 10, 1: 12}, ((0, 1),), 5)
     assert evidence("done", LOG, ["completed"], overlap).launched_twice
 
@@ -182,7 +203,7 @@ def test_totals_and_the_table() -> None:
     assert (result.completed_once, result.failed_own, result.lost) == (1, 1, 1)
     lines = table(result)
     assert lines[2] == "| 19 | 1 of 3 | 1 | 0 | 0 |"
-    assert "lost: 1, duplicated: 0" in lines[-1]
+    assert "lost: 1, duplicated: 0" in lines[-2]
 
 
 def test_exit_records_are_read_oldest_first_and_junk_is_skipped(tmp_path: Path) -> None:
