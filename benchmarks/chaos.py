@@ -52,6 +52,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.chaos_evidence import (  # noqa: E402
+    OWN_FAULT_CAUSES,
     JobEvidence,
     read_exit_records,
     read_job_log,
@@ -122,9 +123,12 @@ def watch_slurm(site: Site) -> None:
         site.stopping.wait(POLL_S)
 
 
-def wait_finished(site: Site, plans: list[JobPlan], injector: Injector, deadline: float) -> bool:
-    """Until every job is finished in the controller's database and every killed slurmd and
-    drained node is back; False at the deadline (or if the controller failed)."""
+def wait_finished(
+    site: Site, plans: list[JobPlan], injector: Injector, window_end: float, deadline: float
+) -> bool:
+    """Until the fault window is over, every fault has been injected (or found no target),
+    every killed slurmd and drained node is back and every job is finished in the
+    controller's database; False at the deadline (or if the controller failed)."""
     last = 0.0
     while time.time() < deadline:
         phases = site.phases()
@@ -133,7 +137,7 @@ def wait_finished(site: Site, plans: list[JobPlan], injector: Injector, deadline
         if supervisor is not None and supervisor.failure:
             print(f"  the controller failed: {supervisor.failure}", flush=True)
             return False
-        if finished == len(plans) and not injector.restoring:
+        if finished == len(plans) and injector.idle and time.time() >= window_end:
             return True
         if time.time() - last > 60:
             last = time.time()
@@ -192,6 +196,27 @@ def checkpoint_kill_check(
     return result
 
 
+def unexpected_own_failures(
+    jobs: list[JobEvidence], targets: set[str], killer: CheckpointKiller
+) -> list[dict[str, Any]]:
+    """Runs whose exit record blames the job although no fault of the job's was injected there
+    (a job-kill target's first own failure and the checkpoint kill's are expected). Under
+    ``--max-failures 0`` such a run ends its job FAILED: a job lost to something else."""
+    expected = {sia_id: 1 for sia_id in targets}
+    if killer.result is not None and "sia_id" in killer.result:
+        expected[killer.result["sia_id"]] = expected.get(killer.result["sia_id"], 0) + 1
+    found = []
+    for job in jobs:
+        own = [r for r in job.exits if r.get("cause") in OWN_FAULT_CAUSES]
+        for record in own[expected.get(job.sia_id, 0) :]:
+            found.append({
+                "name": job.name, "sia_id": job.sia_id, "slurm_job_id": record.get("slurm_job_id"),
+                "run": record.get("slurm_restart_count"), "message": record.get("message"),
+                "time": record.get("time"), "verdict": job.verdict,
+            })  # fmt: skip
+    return found
+
+
 def report(
     args: argparse.Namespace,
     site: Site,
@@ -218,6 +243,11 @@ def report(
         causes = [r.get("cause") for r in job.exits]
         print(f"  {job.name} ({job.sia_id}): {job.verdict}; phase {job.phase} {job.message!r}; "
               f"exits {causes}; Slurm {list(job.slurm_states)}")  # fmt: skip
+    unexpected = unexpected_own_failures(jobs, expected_failures, killer)
+    print("\nruns that failed 'by their own code' without an injected fault:")
+    for item in unexpected:
+        print(f"  {item['name']} ({item['sia_id']}) Slurm job {item['slurm_job_id']} run "
+              f"{item['run']}: {item['message']}")  # fmt: skip
     check = checkpoint_kill_check(killer, jobs)
     print(f"\ncheckpoint kill: {json.dumps(check)}")
     result = totals(jobs, len(injected))
@@ -238,6 +268,7 @@ def report(
         "injections": [asdict(i) for i in injector.done],
         "job_kill_targets": sorted(expected_failures),
         "checkpoint_kill": check,
+        "unexpected_own_failures": unexpected,
         "checkpoint_kill_missed": killer.missed,
         "controller_exits": [
             {"pid": e.pid, "returncode": e.returncode}
@@ -280,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for thread in threads:
             thread.start()
         timeout = args.timeout if args.timeout is not None else window + 1800.0
-        finished = wait_finished(site, plans, injector, started + timeout)
+        finished = wait_finished(site, plans, injector, started + window, started + timeout)
         site.stopping.set()
         site.poll_slurm()
         jobs = gather(site, plans)

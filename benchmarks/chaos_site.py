@@ -42,7 +42,6 @@ SLURMD_DOWN_S = 45.0  # a killed slurmd is started again this long after (the no
 DRAIN_S = 60.0  # a drained node is resumed this long after
 RETRY_S = 15.0  # a fault that finds no target (no job running yet) tries again this much later
 RETRIES = 20
-FOLLOW_UPS = ("slurmd_start", "resume")  # what a fault schedules to undo itself
 
 
 @dataclass
@@ -155,6 +154,11 @@ class Site:
             raise ChaosError(f"sia-sbatch {plan.name}: {done.stderr.strip()[-500:]}")
         sia_id = done.stderr.strip().rsplit(" ", 1)[-1]
         self.ids[plan.name] = sia_id
+        if plan.max_failures:
+            # The checkpoint kill watches this directory; the trainer makes it only at its
+            # first save, which the kill would then miss. The user makes it first (the job is
+            # held until the controller starts it), as a user giving --checkpoint-dir would.
+            self.run_as(USER, ["mkdir", "-p", str(self.paths.job_dir(sia_id) / "checkpoints")])
         return sia_id
 
     def poll_slurm(self) -> None:
@@ -267,6 +271,7 @@ class Injector:
         self.job_kill_targets: set[str] = set()  # sia ids whose own failure was injected
         self._queue: list[tuple[float, int, Fault, int]] = []
         self._seq = 0
+        self._busy = False  # an action is under way (popped from the queue, not yet recorded)
         self._nodes: dict[int, str] = {}  # slurmd_kill index -> node, for its restart
         self._drained: dict[int, str] = {}  # drain index -> node, for its resume
         for fault in faults:
@@ -278,10 +283,9 @@ class Injector:
         heapq.heappush(self._queue, (at_s, self._seq, fault, tries))
 
     @property
-    def restoring(self) -> bool:
-        """A killed slurmd or a drained node is still to come back: the soak waits for it (a
-        fault still looking for a target does not keep it going once every job finished)."""
-        return any(fault.kind in FOLLOW_UPS for _, _, fault, _ in list(self._queue))
+    def idle(self) -> bool:
+        """Every fault and follow-up is done (or found no target :data:`RETRIES` times)."""
+        return not self._queue and not self._busy
 
     def _run(self) -> None:
         while self._queue and not self.site.stopping.is_set():
@@ -289,6 +293,7 @@ class Injector:
             if time.time() - self.started < at_s:
                 self.site.stopping.wait(min(1.0, at_s - (time.time() - self.started)))
                 continue
+            self._busy = True
             heapq.heappop(self._queue)
             record = Injection(
                 fault.kind, fault.index, fault.at_s, round(time.time() - self.started, 1)
@@ -300,10 +305,12 @@ class Injector:
                 again = False
             if again and tries < RETRIES:
                 self._push(at_s + RETRY_S, fault, tries + 1)
+                self._busy = False
                 continue
             if again:
                 record.note = record.note or "no target found"
             self.done.append(record)
+            self._busy = False
             print(f"  {record.at_s:7.1f} s: {record.kind} #{record.index} {record.target} "
                   f"{'ok' if record.ok else 'NOT INJECTED'} {record.note}", flush=True)  # fmt: skip
 
