@@ -198,3 +198,14 @@ def test_wrappers_run_the_roots_command_inside_and_outside(tmp_path: Path) -> No
     assert f"--root={mount_point}" in out and out.rstrip().endswith("/usr/bin/squeue --json a b")
     # The caller's directory does not exist inside the root: the command runs in /.
     assert "--wd=/ " in out
+
+
+def test_down_without_a_record_unmounts_what_a_killed_up_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sia_slurm.devcluster import DevCluster
+
+    unmounted: list[Path] = []
+    monkeypatch.setattr(ChrootSlurm, "unmount", lambda self: unmounted.append(self.mount_point))
+    assert DevCluster(tmp_path).down() is False
+    assert unmounted == [tmp_path / "root"]

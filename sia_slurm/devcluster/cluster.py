@@ -206,6 +206,8 @@ class DevCluster(DaemonFaults):
         recorded = self._recorded()
         if recorded is None:
             self._log(f"no dev cluster recorded in {self.layout.root}")
+            # An `up` killed between mounting a root and recording its daemons left mounts.
+            self._unmount(self._chroot("leftover"))
             return False
         records = recorded.daemons
         controller = next((r for r in records if r.role == "slurmctld"), None)
