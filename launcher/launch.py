@@ -60,6 +60,7 @@ from sia_slurm.protocol import (
     Assignment,
     ExitCause,
     JobSpec,
+    MetricsReport,
     ProtocolError,
     RunExit,
     StatePaths,
@@ -329,6 +330,39 @@ def superseded_by(paths: StatePaths, sia_id: str, allocation: SlurmAllocation) -
     return assignment if run != (allocation.job_id, allocation.restart_count) else None
 
 
+def await_successor(
+    paths: StatePaths,
+    successor: Assignment,
+    terminated: Callable[[], bool],
+    wait_s: float,
+    *,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Keep a run that was left behind from exiting until its successor trains (a metrics
+    report from the Slurm run its assignment names), Slurm terminates it, or ``wait_s``
+    passes; whether the successor was seen.
+
+    The batch step's exit reaches slurmctld as the job's completion. Once the successor runs
+    on another node, Slurm 22.05 refuses it ("Batch completion ... sent from wrong node"); while
+    the requeued job is still pending, slurmctld applies it to the pending job (seen:
+    "_job_complete: JobId=J WEXITSTATUS 76 ... cancelled by interactive user" between the
+    controller's release and Slurm's allocation; the job did start afterwards, but nothing
+    should depend on that). The workers have exited already: waiting holds no GPU."""
+    deadline = clock() + wait_s
+    run = (successor.slurm_job_id, successor.slurm_restart_count)
+    while not terminated() and clock() < deadline:
+        try:
+            report = read_document(MetricsReport, paths.metrics(successor.sia_id))
+        except ProtocolError:
+            report = None
+        if report is not None and (report.slurm_job_id, report.slurm_restart_count) == run:
+            return True
+        sleep(poll_s)
+    return False
+
+
 # ------------------------------------------------------------------------------------------------
 # I/O: Slurm queries, the child process, signals
 
@@ -468,7 +502,9 @@ def _launch(
             f"left behind: the assignment of round {successor.round_index} is for Slurm job "
             f"{successor.slurm_job_id} run {successor.slurm_restart_count}"
         )
-        logger.warning("[job=%s] %s; exit %d", sia_id, message, EXIT_SUPERSEDED)
+        logger.warning("[job=%s] %s; its workers stopped", sia_id, message)
+        await_successor(paths, successor, lambda: bool(child.terminated), wait_s)
+        logger.warning("[job=%s] exit %d", sia_id, EXIT_SUPERSEDED)
         return EXIT_SUPERSEDED, ExitCause.SUPERSEDED, message
     if child.terminated:
         return 128 + child.terminated, ExitCause.TERMINATED, f"signal {child.terminated}"

@@ -15,6 +15,7 @@ from launcher.launch import (
     LaunchError,
     SlurmAllocation,
     await_grant,
+    await_successor,
     check_allocation,
     job_environment,
     launch,
@@ -28,6 +29,7 @@ from sia_slurm.config import SiaConfig, load_config
 from sia_slurm.protocol import (
     Assignment,
     JobSpec,
+    MetricsReport,
     RunExit,
     StatePaths,
     StopRequest,
@@ -246,6 +248,39 @@ def test_a_run_is_superseded_only_by_an_assignment_for_another_run(tmp_path: Pat
         )
         successor = superseded_by(paths, "s1-abcd", run)
         assert successor is not None and successor.round_index == 9
+
+
+def test_a_run_left_behind_exits_once_its_successor_trains(tmp_path: Path) -> None:
+    """Its exit is the Slurm job's completion: sent while the requeued job still waits, Slurm
+    completes the pending job with it; once the successor runs on another node, Slurm refuses
+    it as coming from the wrong node. So the left-behind launcher waits for a report of the
+    successor's run, for Slurm's SIGTERM, or for its time limit."""
+    paths = StatePaths(tmp_path)
+    paths.job_dir("s1-abcd").mkdir(parents=True)
+    successor = assignment(round_index=9, slurm_restart_count=2)  # job 41 run 2
+    now = [0.0]
+    reports = {3.0: ("41", 1), 5.0: ("41", 2)}  # the old run's last report, then the new one
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if now[0] in reports:
+            job_id, restarts = reports[now[0]]
+            report = MetricsReport(
+                "s1-abcd", now[0], "rtx", 2, 4, 6, 1, 0.5, 0.1, 1.0, 1.0,
+                slurm_job_id=job_id, slurm_restart_count=restarts,
+            )  # fmt: skip
+            write_document(paths.metrics("s1-abcd"), report)
+
+    def wait(terminated: bool = False, limit: float = 60.0) -> bool:
+        now[0] = 0.0
+        return await_successor(
+            paths, successor, lambda: terminated, limit, clock=lambda: now[0], sleep=sleep
+        )
+
+    assert wait() and now[0] == 5.0  # not at the old run's report of t = 3
+    paths.metrics("s1-abcd").unlink()
+    assert not wait(limit=4.0) and now[0] == 4.0  # no successor report: the time limit
+    assert not wait(terminated=True) and now[0] == 0.0  # Slurm's SIGTERM: at once
 
 
 # ------------------------------------------------------------------------------------------------
