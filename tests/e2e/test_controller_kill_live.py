@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -36,10 +37,16 @@ from typing import Any
 import pytest
 import yaml
 
+from sia_slurm.cluster import BatchChoice, Start, Stop
+from sia_slurm.config import load_config
+from sia_slurm.core import Configuration
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
+from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import MetricsReport, ProtocolError, StatePaths, read_document
+from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.hostlist import expand_hostlist
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
+from sia_slurm.slurm.runner import SubprocessRunner
 from sia_slurm.state.tree import set_up
 from tests.accounts import TestAccounts
 from tests.e2e.kill_harness import KillPlan, KillRule, Supervisor, job_history_problems
@@ -68,14 +75,9 @@ START_TIME = r"^scontrol update JobId=\d+ StartTime="
 SQUEUE = r"^squeue "
 ANY = r"."
 # The random points: any command but the observation's `scontrol -o show node|reservation`
-# (every round has them; the points should fall on actuation more often) and those between a
-# release and a requeued job's StartTime: a kill there leaves the job waiting out Slurm's
-# requeue delay, a defect reported with issue 18 item 7 (the re-apply of an already released
-# job sets no StartTime), which the deterministic test leaves out too.
-ACTUATION = (
-    r"^(?!scontrol -o show |scontrol release |scontrol show config"
-    r"|scontrol update JobId=\d+ StartTime=)"
-)
+# and `scontrol show config` (every round has them; the points should fall on actuation more
+# often).
+ACTUATION = r"^(?!scontrol -o show |scontrol show config)"
 
 
 @dataclass(frozen=True)
@@ -441,8 +443,10 @@ START, MOVE, STOP = ("start",), ("move",), ("stop",)
 
 
 def test_sigkill_at_every_step_of_start_move_and_stop(kill_site: KillSite) -> None:
-    """Deterministic kill points, 20: each step of a Start, a Move, a Stop and the start of a
-    requeued job, one after the other (a kill during a re-apply lands in the re-apply)."""
+    """Deterministic kill points, 21: each step of a Start, a Move, a Stop and the start of a
+    requeued job, one after the other (a kill during a re-apply lands in the re-apply). The
+    move's kills between an assignment, its StartTime and the release are the relaunch
+    floor's replays (docs/slurm-actuation.md): each job must still start at its floor."""
     run_scenario(kill_site, Scenario(
         start=Phase("start", [
             KillRule("start: after the controller's hold", HOLD, "after", START),
@@ -461,9 +465,10 @@ def test_sigkill_at_every_step_of_start_move_and_stop(kill_site: KillSite) -> No
             KillRule("move: after the second update", RESHAPE, "after", MOVE, nth=2),
             KillRule("move: after the read-back, before the assignments", SQUEUE, "after", MOVE,
                      follows=RESHAPE),
-            KillRule("move: after the assignments, before release", RELEASE, "before", MOVE),
-            KillRule("move: after the last StartTime, before the journal marks it", START_TIME,
-                     "after", MOVE, nth=len(JOBS)),
+            KillRule("move: after an assignment, before its StartTime", START_TIME, "before",
+                     MOVE),
+            KillRule("move: after the StartTimes, before release", RELEASE, "before", MOVE),
+            KillRule("move: after release, before the journal marks it", RELEASE, "after", MOVE),
         ]),
         stop=Phase("stop", [
             KillRule("stop: journal committed, before apply", ANY, "before", STOP,
@@ -474,8 +479,8 @@ def test_sigkill_at_every_step_of_start_move_and_stop(kill_site: KillSite) -> No
         ]),
         restart=Phase("start", [
             KillRule("restart: after the update", RESHAPE, "after", START),
-            KillRule("restart: after the last StartTime, before the journal marks it",
-                     START_TIME, "after", START, nth=len(JOBS)),
+            KillRule("restart: after release, before the journal marks it", RELEASE, "after",
+                     START),
         ]),
     ))  # fmt: skip
 
@@ -504,3 +509,47 @@ def test_sigkill_at_random_points_of_real_rounds(kill_site: KillSite) -> None:
         restart=Phase("start", rules("restart", START, 5)),
         finish=Phase("round", rules("finish", (), 5), timed=rng.uniform(0.0, 3.0)),
     ))  # fmt: skip
+
+
+def test_sigkill_after_requeuehold_while_the_jobs_still_exit(kill_site: KillSite) -> None:
+    """Jobs that take 3 s to exit after Slurm's SIGTERM (sia-launch tearing torchrun down):
+    killed right after ``requeuehold``, the restarted controller finds them still COMPLETING.
+    The re-apply waits for them to be PENDING; signalling them again would make scancel retry
+    for ~95 s ("Job can not be altered now") and a second requeue is refused."""
+    run_scenario(kill_site, Scenario(
+        start=Phase("start"),
+        move=Phase("move", [KillRule("move: after requeuehold", REQUEUEHOLD, "after", MOVE)]),
+        exit_delay=3.0,
+    ))  # fmt: skip
+    signals = [c for c in kill_site.plan.calls() if re.match(SIGNAL, c["argv"])]
+    assert len(signals) == 1, signals  # the move's one signal, none in its re-apply
+
+
+def test_start_of_a_job_stopped_longer_than_the_requeue_delay(kill_site: KillSite) -> None:
+    """No kill: a job stopped, then started again once its requeue delay (cred_expire + 1 s)
+    has passed, as any job preempted for a while is. Slurm then reports ``start_time`` 0 for
+    it: the start sends no StartTime (a floor computed from 0 was 1969), and succeeds."""
+    site = kill_site.site
+    kill_site.submit("late", 0.0)
+    runner = SubprocessRunner(site.cluster.env, kill_site.plan.bin_dir)  # the shim logs calls
+    backend = SlurmBackend(load_config(site.config_path), runner)
+    config, batch = Configuration("t4", 1, 1), BatchChoice(128, 128, 0)
+    placement = (NodeShare("t4-1", 1),)
+
+    def apply(action: Start | Stop) -> list[str]:
+        backend.snapshot()
+        return [r.message for r in backend.apply([action]) if not r.ok]
+
+    assert apply(Start("late", 1, config, placement, batch)) == []
+    kill_site.wait(lambda: kill_site.reporting_since("late", 0.0), "late started")
+    assert apply(Stop("late", 2)) == []
+    kill_site.wait(  # the dev cluster's cred_expire is 30 s
+        lambda: kill_site.squeue()["late"].start_time == 0, "Slurm to let the requeue delay pass"
+    )
+    stopped = time.time()
+    assert apply(Start("late", 3, config, placement, batch)) == []
+    kill_site.wait(lambda: kill_site.reporting_since("late", stopped), "late started again")
+    start_times = [c["argv"] for c in kill_site.plan.calls() if "StartTime=" in c["argv"]]
+    assert start_times == [], start_times
+    site.finish("late")
+    kill_site.wait(lambda: kill_site.squeue()["late"].state == "COMPLETED", "late to finish")

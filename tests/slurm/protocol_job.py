@@ -7,7 +7,10 @@ Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protoc
   run it was written for);
 * resumes its counter from its checkpoint, then counts every 50 ms, and writes a metrics
   report (naming its Slurm run) to ``jobs/<id>/metrics.json`` every 0.5 s;
-* adopts a rewritten assignment (a rebatch) without restarting;
+* adopts a rewritten assignment (a rebatch) without restarting; one written for another
+  Slurm run of the job means this run was left behind (its slurmd died and the job runs
+  elsewhere now): it stops at once, saving nothing, and exits 76 (``superseded``) once the
+  successor reports, as sia-launch does;
 * on ``stop.json`` (polled; SIGUSR1 only wakes it up) checkpoints, writes ``ack-<round>``, and
   idles until Slurm's SIGTERM (the requeue) or ``--linger`` seconds; a request not newer than
   the assignment it started with is stale and ignored (``docs/protocol.md``); with
@@ -192,6 +195,11 @@ class ProtocolJob:
             if stop is not None and stop.round_index > launch_round:
                 return self._stop(stop)
             assignment = self._adopt(assignment)
+            successor = [assignment.slurm_job_id, assignment.slurm_restart_count]
+            if successor != [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]:
+                self.log("superseded", run=successor)
+                self._await_successor(successor)
+                return 76, ExitCause.SUPERSEDED
             if self.finish_file is not None and self.finish_file.exists():
                 self.save()
                 self.log("done")
@@ -212,6 +220,20 @@ class ProtocolJob:
         self.save()  # SIGTERM without a stop request (preemption): keep what we have
         self.log("terminated")
         return 143, ExitCause.TERMINATED
+
+    def _await_successor(self, successor: list[object], wait_s: float = 60.0) -> None:
+        """As sia-launch does (launcher.launch.await_successor): exit only once the successor
+        reports, Slurm terminates this run, or ``wait_s`` passes, so that the exit reaches
+        slurmctld when the job runs elsewhere, not while it is still pending."""
+        deadline = time.time() + wait_s
+        while not self.terminated and time.time() < deadline:
+            try:
+                report = json.loads(self.paths.metrics(self.sia_id).read_text())
+            except (OSError, ValueError):
+                report = {}
+            if [report.get("slurm_job_id"), report.get("slurm_restart_count")] == successor:
+                return
+            time.sleep(TICK_S)
 
     def _stop_request(self) -> StopRequest | None:
         path = self.paths.stop_request(self.sia_id)
@@ -244,7 +266,10 @@ class ProtocolJob:
         except ProtocolError:
             return assignment
         if latest.round_index > assignment.round_index:
-            self.log("rebatch", round=latest.round_index, batch_size=latest.batch_size)
+            if latest.slurm_job_id == assignment.slurm_job_id and (
+                latest.slurm_restart_count == assignment.slurm_restart_count
+            ):  # for this run: a rebatch (another run's: the caller exits, superseded)
+                self.log("rebatch", round=latest.round_index, batch_size=latest.batch_size)
             return latest
         return assignment
 

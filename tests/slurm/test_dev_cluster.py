@@ -32,10 +32,12 @@ def wait_for_job(cluster: DevCluster, job_id: str, timeout_s: float = 60) -> dic
             return record
         time.sleep(0.3)
     others = runner.run(["squeue", "-h", "-o", "%i %u %T %P %N %r %k"], check=False).stdout
-    nodes = runner.run(["sinfo", "-N", "-h", "-o", "%N %T %G %E"], check=False).stdout
+    nodes = runner.run(["scontrol", "-d", "-o", "show", "node"], check=False).stdout
+    reservations = runner.run(["scontrol", "-o", "show", "reservation"], check=False).stdout
+    log = cluster.layout.slurmctld_log.read_text(errors="replace").splitlines()[-40:]
     raise AssertionError(
         f"job {job_id} did not finish in {timeout_s} s: {record}\nsqueue:\n{others}\n"
-        f"sinfo:\n{nodes}"
+        f"nodes:\n{nodes}\nreservations:\n{reservations}\nslurmctld.log:\n" + "\n".join(log)
     )
 
 
