@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -75,6 +76,7 @@ from sia_slurm.devcluster import DevCluster  # noqa: E402
 FIRST_FAULT_S = 60.0  # the first jobs run by then
 FINISHED = ("done", "failed", "gone")
 POLL_S = 10.0
+UNSEEN_S = 300.0  # a submitted job the controller has not seen by then: Slurm lost it
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -132,7 +134,10 @@ def wait_finished(
     last = 0.0
     while time.time() < deadline:
         phases = site.phases()
-        finished = sum(phases.get(sia, ("",))[0] in FINISHED for sia in site.ids.values())
+        finished = sum(
+            phases[sia][0] in FINISHED if sia in phases else unseen(site, name)
+            for name, sia in site.ids.items()
+        )
         supervisor = site.supervisor
         if supervisor is not None and supervisor.failure:
             print(f"  the controller failed: {supervisor.failure}", flush=True)
@@ -145,6 +150,13 @@ def wait_finished(
                   f"{len(injector.done)} faults done", flush=True)  # fmt: skip
         time.sleep(5)
     return False
+
+
+def unseen(site: Site, name: str) -> bool:
+    """Whether the controller has not heard of a submitted job :data:`UNSEEN_S` after its
+    submission: Slurm lost it (seen: slurmctld killed within seconds of accepting it), and it
+    would never finish. Such a job is judged ``missing``: lost."""
+    return time.time() - site.submitted[name][1] > UNSEEN_S
 
 
 def gather(site: Site, plans: list[JobPlan]) -> list[JobEvidence]:
@@ -267,6 +279,10 @@ def report(
         "wall_s": wall_s,
         "injections": [asdict(i) for i in injector.done],
         "job_kill_targets": sorted(expected_failures),
+        "submitted": {
+            name: {"sia_id": site.ids[name], "slurm_job_id": slurm_id, "time": when}
+            for name, (slurm_id, when) in site.submitted.items()
+        },
         "checkpoint_kill": check,
         "unexpected_own_failures": unexpected,
         "checkpoint_kill_missed": killer.missed,
@@ -282,6 +298,10 @@ def report(
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     window = args.minutes * 60.0
+    # A soak stopped early still reports and takes its cluster down (a background job's SIGINT
+    # is ignored by the shell that started it, so SIGTERM does the same).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         faults = fault_schedule(args.fault_counts, FIRST_FAULT_S, window, args.seed)
     except ChaosError as exc:
@@ -311,7 +331,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         for thread in threads:
             thread.start()
         timeout = args.timeout if args.timeout is not None else window + 1800.0
-        finished = wait_finished(site, plans, injector, started + window, started + timeout)
+        try:
+            finished = wait_finished(site, plans, injector, started + window, started + timeout)
+        except KeyboardInterrupt:  # SIGINT or SIGTERM: judge what there is
+            print("  interrupted: judging the jobs as they stand", flush=True)
         site.stopping.set()
         site.poll_slurm()
         jobs = gather(site, plans)

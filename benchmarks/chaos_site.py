@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import heapq
+import json
 import os
 import random
 import re
@@ -23,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ class Site:
     env: dict[str, str] = field(default_factory=dict)
     supervisor: Supervisor | None = None
     ids: dict[str, str] = field(default_factory=dict)  # job name -> sia id
+    # job name -> (Slurm job id sia-sbatch printed, when): a job Slurm forgets is still known
+    submitted: dict[str, tuple[str, float]] = field(default_factory=dict)
     slurm: dict[str, dict[str, Any]] = field(default_factory=dict)  # Slurm job id -> last seen
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -154,6 +157,7 @@ class Site:
             raise ChaosError(f"sia-sbatch {plan.name}: {done.stderr.strip()[-500:]}")
         sia_id = done.stderr.strip().rsplit(" ", 1)[-1]
         self.ids[plan.name] = sia_id
+        self.submitted[plan.name] = (done.stdout.strip(), time.time())
         if plan.max_failures:
             # The checkpoint kill watches this directory; the trainer makes it only at its
             # first save, which the kill would then miss. The user makes it first (the job is
@@ -311,6 +315,8 @@ class Injector:
                 record.note = record.note or "no target found"
             self.done.append(record)
             self._busy = False
+            with open(self.site.directory / "faults.jsonl", "a", encoding="utf-8") as log:
+                log.write(json.dumps(asdict(record)) + "\n")
             print(f"  {record.at_s:7.1f} s: {record.kind} #{record.index} {record.target} "
                   f"{'ok' if record.ok else 'NOT INJECTED'} {record.note}", flush=True)  # fmt: skip
 
