@@ -235,7 +235,9 @@ class DevCluster(DaemonFaults):
         lines = [
             f"dev cluster in {self.layout.root}: {recorded.spec}",
             f"SlurmUser (slurmctld runs as): {recorded.slurm_user}",
+            f"Slurm: {recorded.slurm}",
             f"export SLURM_CONF={self.layout.slurm_conf}",
+            *([f'export PATH={self.layout.bin_dir}:"$PATH"'] if recorded.slurm != SYSTEM else []),
             "",
             "daemons:",
         ]
