@@ -89,6 +89,7 @@ def test_pyslurm_job_converts_like_squeue() -> None:
         priority=10,
         submit_time=1,
         start_time=2,
+        eligible_time=2,
         end_time=None,
         user_id=1000,
         group_id=1000,
@@ -110,6 +111,7 @@ def test_pyslurm_job_converts_like_squeue() -> None:
     assert parsed.requested_gpus_per_node == 2 and parsed.restart_count == 1
     # Whose job it is and since when: the controller's record of the job is made from these.
     assert (parsed.user_id, parsed.group_id, parsed.submit_time) == (1000, 1000, 1.0)
+    assert parsed.eligible_time == 2.0  # BeginTime: the relaunch floor's anchor
 
 
 def test_resubmit_command_line_is_exact_and_shell_free() -> None:
