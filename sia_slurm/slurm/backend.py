@@ -1,6 +1,6 @@
 """``SlurmBackend``: the cluster interface on a real Slurm, through its command-line tools.
 
-``snapshot()`` issues three commands whatever the cluster size (``scontrol -o show node``,
+``snapshot()`` issues three commands whatever the cluster size (``scontrol -d -o show node``,
 ``scontrol -o show reservation``, ``squeue --json``) and reads the job files under
 ``state_dir`` (the users' through :mod:`sia_slurm.userfiles` only); ``apply(actions)`` first
 enforces the controller's grants (:class:`Enforcement`: a managed job runs only as assigned,
@@ -168,9 +168,10 @@ class SlurmBackend:
         self.enforcement = enforcement
         reserved = {node for r in reservations if r.active for node in r.nodes}
         unmanaged = [job for job in view.jobs if job.job_id not in current_ids]
+        rejected += phantom_gpus(nodes, view.jobs)
         return ClusterSnapshot(
             time=now,
-            nodes=self._node_views(nodes, reserved, unmanaged),
+            nodes=self._node_views(nodes, reserved, unmanaged, view.jobs),
             jobs=tuple(jobs),
             reports=tuple(reports),
             rejected=tuple(self._once(rejected)),
@@ -353,14 +354,23 @@ class SlurmBackend:
         return not released and not under_controller_hold(job)
 
     def _node_views(
-        self, nodes: tuple[NodeInfo, ...], reserved: set[str], unmanaged: list[SlurmJob]
+        self,
+        nodes: tuple[NodeInfo, ...],
+        reserved: set[str],
+        unmanaged: list[SlurmJob],
+        jobs: Sequence[SlurmJob] = (),
     ) -> tuple[NodeView, ...]:
-        """Nodes of configured partitions; usable GPUs net of state, reservations and the
-        GPUs held by jobs that are not current managed jobs."""
+        """Nodes of configured partitions; usable GPUs net of state, reservations, the GPUs
+        held by jobs that are not current managed jobs, and phantom ones (Slurm counts them
+        used, no job holds them: :func:`phantom_gpus`)."""
         taken: dict[str, int] = {}
         for job in unmanaged:
             for node in job.nodes:
                 taken[node] = taken.get(node, 0) + job.gpus_on(node)
+        for node_info in nodes:
+            phantom = node_info.gpus_used - _held_gpus(node_info.name, jobs)
+            if phantom > 0:
+                taken[node_info.name] = taken.get(node_info.name, 0) + phantom
         views = []
         for node in nodes:
             gpu_type = next(
@@ -495,3 +505,28 @@ def _granted_run(job: SlurmJob, assignment: Assignment | None) -> bool:
 
 def _batch_of(assignment: Assignment) -> BatchChoice:
     return BatchChoice(assignment.batch_size, assignment.local_bsz, assignment.accum_steps)
+
+
+def _held_gpus(node: str, jobs: Sequence[SlurmJob]) -> int:
+    return sum(job.gpus_on(node) for job in jobs)
+
+
+def phantom_gpus(nodes: Sequence[NodeInfo], jobs: Sequence[SlurmJob]) -> list[str]:
+    """Nodes where Slurm counts more GPUs as allocated (``GresUsed``) than its jobs hold, said
+    once each: Slurm will not start a job on them, so they are no capacity for the policy
+    (which would otherwise grant them round after round to a job that never starts).
+
+    Seen on 22.05.8: after a slurmd that died alone came back beside its job's new run
+    ("Registered JobId=J StepId=J.batch on wrong node"), the job's later requeue left
+    ``GresUsed=gpu:a100:2`` on an idle node. A job ending between the two reads of a snapshot
+    shows as phantom for one round, which only errs on the safe side."""
+    said = []
+    for node in nodes:
+        held = _held_gpus(node.name, jobs)
+        if node.gpus_used > held:
+            said.append(
+                f"node {node.name}: Slurm counts {node.gpus_used} GPU(s) allocated, its jobs hold "
+                f"{held}; {node.gpus_used - held} left out until Slurm frees them (restarting "
+                "slurmctld rebuilds its GPU accounting from the jobs)"
+            )
+    return said

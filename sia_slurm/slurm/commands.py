@@ -16,7 +16,9 @@ from pathlib import Path
 from sia_slurm.slurm.jsonparse import SlurmJob
 
 # Observation: one command per kind per round.
-SHOW_NODES = ("scontrol", "-o", "show", "node")
+# -d adds GresUsed: the GPUs Slurm counts as allocated (phantom ones included, see
+# SlurmBackend._node_views).
+SHOW_NODES = ("scontrol", "-d", "-o", "show", "node")
 SHOW_RESERVATIONS = ("scontrol", "-o", "show", "reservation")
 # --all: hidden partitions too; --states=all: finished jobs too (23.02+ honour filters with
 # --json; 22.05 ignores them and prints every job it still remembers).

@@ -54,6 +54,7 @@ class NodeInfo:
     partitions: tuple[str, ...]
     gres: tuple[GresEntry, ...]
     cpus: int
+    gpus_used: int = 0  # GPUs Slurm counts as allocated (GresUsed, with ``scontrol -d``)
 
     @property
     def usable(self) -> bool:
@@ -132,6 +133,9 @@ def parse_nodes(text: str) -> tuple[NodeInfo, ...]:
                 partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
                 gres=parse_gres(record.get("Gres", "")),
                 cpus=int(record.get("CPUTot", "0") or 0),
+                gpus_used=sum(
+                    e.count for e in parse_gres(record.get("GresUsed", "")) if e.name == "gpu"
+                ),
             )
         )
     return tuple(nodes)

@@ -74,10 +74,10 @@ RELEASE = r"^scontrol release "
 START_TIME = r"^scontrol update JobId=\d+ StartTime="
 SQUEUE = r"^squeue "
 ANY = r"."
-# The random points: any command but the observation's `scontrol -o show node|reservation`
+# The random points: any command but the observation's `scontrol [-d] -o show node|reservation`
 # and `scontrol show config` (every round has them; the points should fall on actuation more
 # often).
-ACTUATION = r"^(?!scontrol -o show |scontrol show config)"
+ACTUATION = r"^(?!scontrol (-d )?-o show |scontrol show config)"
 
 
 @dataclass(frozen=True)

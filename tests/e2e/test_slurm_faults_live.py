@@ -43,8 +43,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.protocol import StatePaths, exit_name  # noqa: E402
+from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
@@ -363,6 +365,11 @@ def faults(
             # seen in test_a_node_dies_under_a_running_job[slurmd-dies], GresUsed=gpu:a100:2
             # on an IDLE node, and a 2 x 4-GPU job then pends on two idle nodes). slurmctld
             # rebuilds its GPU accounting from the jobs when it starts.
+            # The controller leaves them out: Slurm would start nothing on them.
+            backend = SlurmBackend(load_config(site.config_path), dev_cluster.runner())
+            usable = {n.name: (n.total_gpus, n.usable_gpus) for n in backend.snapshot().nodes}
+            for node, gpus in leaked.items():
+                assert usable[node][1] == usable[node][0] - gpus, (node, gpus, usable[node])
             print(f"Slurm leaked GPUs {leaked}; restarting slurmctld")
             dev_cluster.restart_slurmctld()
             assert not leaked_gpus(site.run(["scontrol", "-d", "-o", "show", "node"]))

@@ -257,6 +257,8 @@ class FakeSlurm:
         command = shlex.join(argv)
         if argv[0] == "squeue":
             return json.dumps({"jobs": list(self.jobs.values()), "errors": []})
+        if argv[:2] == ["scontrol", "-d"]:  # -d -o show node
+            return self.nodes_text
         if argv[:3] == ["scontrol", "-o", "show"]:
             return self.nodes_text if argv[3] == "node" else self.reservations_text
         if argv[:2] == ["scancel", "--batch"]:

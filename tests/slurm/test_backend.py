@@ -60,6 +60,8 @@ class FixtureRunner:
         self.calls.append(list(argv))
         if argv[0] == "squeue":
             return CommandResult(tuple(argv), 0, self.outputs["squeue"], "")
+        if argv[:2] == ["scontrol", "-d"]:  # -d -o show node
+            return CommandResult(tuple(argv), 0, self.outputs["node"], "")
         if argv[:3] == ["scontrol", "-o", "show"]:
             return CommandResult(tuple(argv), 0, self.outputs[argv[3]], "")
         return CommandResult(tuple(argv), 0, "", "")  # an action: recorded, changes nothing

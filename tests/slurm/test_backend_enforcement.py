@@ -217,7 +217,7 @@ def test_dry_snapshots_enforce_nothing(fake_slurm: Any) -> None:
     backend = backend_for(fake_slurm)
     for _ in range(3):
         backend.snapshot()
-    assert fake_slurm.verbs() == ["scontrol -o", "scontrol -o", "squeue"] * 3
+    assert fake_slurm.verbs() == ["scontrol -d", "scontrol -o", "squeue"] * 3
     assert not fake_slurm.paths.slurm_record("a").exists()
     assert fake_slurm.job(job_id)["job_state"] == "RUNNING"
 
@@ -341,3 +341,30 @@ def test_a_released_job_whose_request_is_not_its_assignment_is_held_and_decided_
     fake_slurm.clear_calls()
     backend.apply([])
     assert fake_slurm.calls == [["scontrol", "hold", job_id]]
+
+
+def test_gpus_slurm_counts_allocated_to_no_job_are_no_capacity(fake_slurm: Any) -> None:
+    """Slurm 22.05 was seen to keep GPUs allocated on an idle node (``GresUsed``) after a
+    slurmd that died alone came back: it would start nothing there, so the policy must not
+    count them, and the snapshot says so once. GPUs a job holds are no phantom."""
+    job_id = fake_slurm.submit("a", "a100", 2)
+    fake_slurm.start(job_id, ["a100-1"])
+    lines = []
+    for line in fake_slurm.nodes_text.splitlines():
+        name = line.split()[0].removeprefix("NodeName=")
+        used = {"a100-1": "gpu:a100:2(IDX:0-1)", "t4-1": "gpu:t4:3(IDX:0-2)"}.get(name)
+        lines.append(f"{line} GresUsed={used}" if used else line)
+    fake_slurm.nodes_text = "\n".join(lines) + "\n"
+    backend = backend_for(fake_slurm)
+    snapshot = backend.snapshot()
+    usable = {n.name: n.usable_gpus for n in snapshot.nodes}
+    # a100-1: 2 taken by the job (it runs without a grant), none phantom (GresUsed are its 2)
+    assert usable["t4-1"] == 1 and usable["a100-1"] == 2
+    said = [m for m in snapshot.rejected if "Slurm counts" in m]
+    assert said == [
+        "node t4-1: Slurm counts 3 GPU(s) allocated, its jobs hold 0; 3 left out until Slurm "
+        "frees them (restarting slurmctld rebuilds its GPU accounting from the jobs)"
+    ]
+    again = backend.snapshot()
+    assert not [m for m in again.rejected if "Slurm counts" in m]  # said once
+    assert {n.name: n.usable_gpus for n in again.nodes}["t4-1"] == 1
