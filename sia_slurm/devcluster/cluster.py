@@ -59,6 +59,7 @@ from sia_slurm.devcluster.render import (
     ClusterLayout,
     render_cgroup_conf,
     render_gres_conf,
+    render_prolog,
     render_slurm_conf,
 )
 from sia_slurm.devcluster.spec import DevClusterSpec
@@ -361,6 +362,7 @@ class DevCluster(DaemonFaults):
         files = [
             (layout.slurm_conf, render_slurm_conf(spec, layout)),
             (layout.gres_conf, render_gres_conf(spec, layout)),
+            (layout.prolog, render_prolog(layout)),
         ]
         layout.cgroup_conf.unlink(missing_ok=True)
         if programs.release != SYSTEM:  # 24.11 and 26.05 (render_cgroup_conf says why)
@@ -368,7 +370,9 @@ class DevCluster(DaemonFaults):
         for path, text in files:
             path.write_text(text)
             # Every client and SlurmUser read these; a umask of 077 must not hide them.
-            os.chmod(path, 0o644)
+            os.chmod(path, 0o755 if path == layout.prolog else 0o644)
+        layout.prolog_failure.parent.mkdir(exist_ok=True)
+        layout.prolog_failure.unlink(missing_ok=True)
         if account is not None:
             self._hand_to_slurm_user(account)
 

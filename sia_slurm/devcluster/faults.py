@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from sia_slurm.devcluster.chroot import SYSTEM, SlurmPrograms
 from sia_slurm.devcluster.process import (
@@ -153,6 +154,15 @@ class DaemonFaults:
         self._recorded_or_fail()
         argv = ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
         self.runner().run(argv)
+
+    def fail_next_prolog(self) -> Path:
+        """Make the next job launch's prolog fail, on whichever node it runs: Slurm drains
+        that node ("Prolog error") and requeues the job held (``launch_failed_requeued_held``)
+        when it may be requeued, as a node with a broken prolog does. Returns the file whose
+        presence asks for it (the prolog renames it to ``*.taken.<job id>`` as it fails)."""
+        self._recorded_or_fail()
+        self.layout.prolog_failure.touch()
+        return self.layout.prolog_failure
 
     def resume(self, node: str, timeout_s: float = 30.0) -> str:
         """``scontrol update NodeName=node State=RESUME``: a drained or DOWN node is used again.

@@ -58,6 +58,18 @@ class ClusterLayout:
         return self.root / "etc" / "cgroup.conf"
 
     @property
+    def prolog(self) -> Path:
+        """Slurm's ``Prolog``: fails the next job launch once per :attr:`prolog_failure`."""
+        return self.root / "etc" / "prolog.sh"
+
+    @property
+    def prolog_failure(self) -> Path:
+        """While this file exists, the next job's prolog (on any node) removes it and fails:
+        Slurm drains that node ("Prolog error") and requeues the job held
+        (``launch_failed_requeued_held``), as a broken node's prolog does."""
+        return self.root / "faults" / "prolog-fail"
+
+    @property
     def bin_dir(self) -> Path:
         """Wrappers running a root's client commands (a release other than the host's)."""
         return self.root / "bin"
@@ -154,6 +166,7 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         "KillWait=10",
         "GresTypes=gpu",
         "SlurmdParameters=config_overrides",
+        f"Prolog={layout.prolog}",
     ]
     index = 0
     for group in spec.groups:
@@ -196,4 +209,16 @@ def render_cgroup_conf() -> str:
     return (
         "# Written by `sia-slurm dev-cluster up` for a release run inside a Debian root.\n"
         "CgroupPlugin=disabled\n"
+    )
+
+
+def render_prolog(layout: ClusterLayout) -> str:
+    """The prolog script: exits 0, unless a test asked for one failure
+    (:meth:`DevCluster.fail_next_prolog`); ``mv`` makes exactly one job take it."""
+    failure = layout.prolog_failure
+    return (
+        "#!/bin/sh\n"
+        "# Written by `sia-slurm dev-cluster up`: one job launch fails per fail_next_prolog().\n"
+        f'mv "{failure}" "{failure}.taken.$SLURM_JOB_ID" 2>/dev/null && exit 1\n'
+        "exit 0\n"
     )

@@ -559,3 +559,24 @@ def test_a_run_left_behind_by_a_dead_slurmd_stops_when_the_job_runs_elsewhere(
     cluster.start_slurmd(victim)
     faults.finish_all()
     faults.check_completed_once()
+
+
+def test_a_launch_whose_prolog_fails_is_brought_back_elsewhere(faults: Faults) -> None:
+    """Issue 18 item 2: Slurm's own failure before the job's code ran. The first launch's
+    prolog fails: Slurm drains that node ("Prolog error") and requeues the job held
+    (``launch_failed_requeued_held``). The controller starts it again on another node; it is
+    no failure of the job's (the job ends COMPLETED, never FAILED), and it completes once."""
+    site, loop, cluster = faults.site, faults.loop, faults.cluster
+    marker = cluster.fail_next_prolog()
+    site.submit("pf", max_gpus=1)
+    loop.start()
+    running = faults.wait(lambda: faults.reporting("pf"), "the job running after a failed launch")
+    (taken,) = marker.parent.glob(f"{marker.name}.taken.*")  # exactly one launch failed
+    assert taken.name.endswith(f".{site.slurm_ids[0]}")
+    drained = [node for node in NODES if "DRAIN" in cluster.node_state(node)]
+    assert len(drained) == 1, drained
+    assert drained[0] not in faults.where("pf")
+    assert running["run"] == [site.slurm_ids[0], 1]  # the job's second run: Slurm requeued it
+    assert len(faults.runs("pf")) == 1  # the failed launch never started the job's code
+    faults.finish_all()
+    faults.check_completed_once()
