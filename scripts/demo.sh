@@ -17,7 +17,8 @@
 # SIA_DEMO_OUT (dashboard folder, $SIA_DEMO_DIR/dashboard), SIA_DEMO_PORT_BASE (20817),
 # SIA_DEMO_ROUND_S (15), SIA_DEMO_TIMEOUT_S (1200), SIA_DEMO_SKIP_INSTALL=1 (already installed),
 # SIA_DEMO_ACCOUNT (sia-slurm: the controller's service account), SIA_DEMO_USER (sia-demo: who
-# submits the jobs; root works too).
+# submits the jobs; root works too), SIA_DEMO_SLURM (system: the host's Slurm; 24.11 or 26.05: that
+# release from its cached Debian root, `dev-cluster up --slurm`, built first if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -36,6 +37,7 @@ round_s=${SIA_DEMO_ROUND_S:-15}
 timeout_s=${SIA_DEMO_TIMEOUT_S:-1200}
 account=${SIA_DEMO_ACCOUNT:-sia-slurm}
 user=${SIA_DEMO_USER:-sia-demo}
+slurm=${SIA_DEMO_SLURM:-system}
 config=$dir/sia.yaml
 state=$dir/state
 controller_pid=""
@@ -54,6 +56,25 @@ cleanup() {
 trap cleanup EXIT
 
 [ "$(id -u)" = 0 ] || { say "run me as root (accounts, Slurm daemons)"; exit 1; }
+case "$slurm" in
+system) ;;
+24.11 | 26.05)
+    # Jobs run inside the release's root, which shares /tmp and /home with the host (and the
+    # cluster's own directory), but not the rest: the state tree and job logs must be there.
+    case "$(readlink -m "$dir")/" in
+    /tmp/* | /home/*) ;;
+    *)
+        say "SIA_DEMO_DIR=$dir: with SIA_DEMO_SLURM=$slurm it must lie under /tmp or /home" \
+            "(jobs run inside the Slurm root, which shares only those with the host)"
+        exit 1
+        ;;
+    esac
+    ;;
+*)
+    say "SIA_DEMO_SLURM=$slurm: expected system, 24.11 or 26.05 (sia-slurm dev-cluster up --slurm)"
+    exit 1
+    ;;
+esac
 
 ensure_account() { # ensure_account NAME system|user
     id -u "$1" >/dev/null 2>&1 && return 0
@@ -99,14 +120,19 @@ as "$user" "$python" -c "import sia_slurm, launcher, torch"
 install -d -o "$user" -m 0755 "$dir/jobs-out"
 install -o "$account" -m 0644 /dev/null "$dir/controller.log"
 
+# SLURM_CONF, and for a root's release also PATH: its client wrappers (a 22.05 sbatch cannot talk
+# to a 24.11 slurmctld), which sia-sbatch (run as $user, PATH kept) then finds first.
 cluster_env=$(sia-slurm dev-cluster up --dir "$dir/cluster" --port-base "$port_base" \
-    --slurm-user "$account")
+    --slurm-user "$account" --slurm "$slurm")
 eval "$cluster_env"
-export SLURM_CONF
+export SLURM_CONF PATH
+say "Slurm: $(scontrol --version) ($slurm)"
 
-# The dev cluster's three partitions, $round_s s rounds, really acting; the state tree owned by
-# the service account (jobs/ sticky and world-writable, like /tmp), as an admin would make it.
-sia-slurm dev-cluster config --state-dir "$state" --round-seconds "$round_s" >"$config"
+# The dev cluster's three partitions, $round_s s rounds, really acting, and for a root's release
+# its client wrappers as slurm.bin_dir; the state tree owned by the service account (jobs/ sticky
+# and world-writable, like /tmp), as an admin would make it.
+sia-slurm dev-cluster config --dir "$dir/cluster" --state-dir "$state" \
+    --round-seconds "$round_s" >"$config"
 sia-slurm setup --config "$config" --user "$account"
 as "$account" "$python" -m sia_slurm.cli config check --live "$config"
 export SIA_SLURM_CONFIG=$config
