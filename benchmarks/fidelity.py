@@ -1,6 +1,6 @@
 """Sim-vs-real fidelity: the phoebe workload on the dev cluster and in the simulator.
 
-    python benchmarks/fidelity.py [--jobs 30] [--scale 10] [--sim-only]
+    python benchmarks/fidelity.py [--jobs 30] [--scale 10] [--sim-only] [--slurm system]
 
 Both worlds run the same jobs on the same cluster shape (``etc/clusters/dev.yaml`` = the dev
 cluster's 2 x 4 a100, 2 x 4 rtx, 2 x 4 t4) with the same controller (Sia), compressed in time by
@@ -19,7 +19,9 @@ cluster's 2 x 4 a100, 2 x 4 rtx, 2 x 4 t4) with the same controller (Sia), compr
   controller (``sia-slurm controller run``) schedules it.
 
 Prints average JCT and makespan of both, in seconds of the compressed run, and the relative
-difference; writes ``fidelity.json`` and both dashboards under ``--dir``.
+difference; writes ``fidelity.json`` and both dashboards under ``--dir``. The dev cluster runs
+the host's Slurm, or with ``--slurm 24.11`` (``26.05``) that release from its Debian root
+(``sia-slurm dev-cluster up --slurm``; the controller reaches it through ``slurm.bin_dir``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.restart_time import grant_delays, summarize  # noqa: E402
+from benchmarks.restart_time import (  # noqa: E402
+    SLURM_RELEASES,
+    cluster_env,
+    grant_delays,
+    release_problem,
+    slurm_bin_dir,
+    summarize,
+)
 from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.devcluster.chroot import SYSTEM  # noqa: E402
 from sia_slurm.report import render_site, report_from_db  # noqa: E402
 from sia_slurm.sim.apptruth import AppTruth  # noqa: E402
 from sia_slurm.sim.clusterfile import ClusterRestart, load_cluster  # noqa: E402
@@ -124,10 +134,12 @@ def job_command(truth: AppTruth, scale: float) -> list[str]:
     ]  # fmt: skip
 
 
-def write_config(directory: Path, round_s: float) -> Path:
+def write_config(directory: Path, round_s: float, bin_dir: Path | None = None) -> Path:
+    """The controller's config for the dev cluster; ``bin_dir``: its Slurm commands (a root's
+    release: the client wrappers, ``slurm.bin_dir``), None to search PATH."""
     path = directory / "sia.yaml"
     spec = DevClusterSpec.parse(DEV_SPEC)
-    text = controller_config(spec, directory / "state", round_seconds=round_s)
+    text = controller_config(spec, directory / "state", round_seconds=round_s, bin_dir=bin_dir)
     path.write_text(text, encoding="utf-8")
     # The state tree as `sia-slurm setup` makes it (the controller here is this account).
     set_up(directory / "state", os.geteuid(), os.getegid())
@@ -147,21 +159,29 @@ def cli(*args: str, env: dict[str, str], **kwargs: Any) -> subprocess.CompletedP
 
 
 def run_real(
-    workload: Workload, scale: float, directory: Path, port_base: int, timeout_s: float
+    workload: Workload,
+    scale: float,
+    directory: Path,
+    port_base: int,
+    timeout_s: float,
+    slurm: str = SYSTEM,
 ) -> dict[str, Any]:
+    """The workload on a dev cluster of Slurm ``slurm`` (``system`` or a root's release)."""
     truths = load_workload_truths([workload], load_inputs(DEV_CLUSTER))
     directory.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cluster_dir = directory / "cluster"
     up = cli(
-        "dev-cluster", "up", "--dir", str(directory / "cluster"), "--port-base", str(port_base),
-        "--spec", DEV_SPEC, "--cred-expire", str(CRED_EXPIRE_S), env=env,
+        "dev-cluster", "up", "--dir", str(cluster_dir), "--port-base", str(port_base),
+        "--spec", DEV_SPEC, "--cred-expire", str(CRED_EXPIRE_S), "--slurm", slurm, env=env,
     )  # fmt: skip
     if up.returncode != 0:
-        raise SystemExit(f"dev-cluster up failed: {up.stderr.strip()}")
-    env["SLURM_CONF"] = up.stdout.strip().split("=", 1)[1]
+        raise SystemExit(f"dev-cluster up (--slurm {slurm}) failed: {up.stderr.strip()}")
+    # SLURM_CONF, and a root's client wrappers first on PATH for sia-sbatch's sbatch.
+    env.update(cluster_env(cluster_dir))
     controller: subprocess.Popen[str] | None = None
     try:
-        config = write_config(directory, 60.0 / scale)
+        config = write_config(directory, 60.0 / scale, slurm_bin_dir(cluster_dir, slurm))
         env["SIA_SLURM_CONFIG"] = str(config)
         log = directory / "controller.log"
         controller = subprocess.Popen(
@@ -293,6 +313,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=5400.0, help="real run limit, s")
     parser.add_argument("--sim-only", action="store_true", help="skip the dev-cluster run")
     parser.add_argument(
+        "--slurm",
+        choices=SLURM_RELEASES,
+        default=SYSTEM,
+        help="the dev cluster's Slurm: the host's (system) or a release from its Debian root",
+    )
+    parser.add_argument(
         "--reuse-real",
         action="store_true",
         help="take the dev-cluster results of the last run in --dir instead of running again",
@@ -300,13 +326,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.jobs < 1 or not args.scale > 0:
         parser.error("--jobs must be >= 1 and --scale > 0")
+    problem = release_problem(args.dir, args.slurm)
+    if problem is not None:
+        parser.error(problem)
     workload = scaled_workload(args.jobs, args.scale)
-    print(f"phoebe: {len(workload)} jobs, time compressed {args.scale:g}x, "
-          f"rounds {60 / args.scale:g} s, cluster {DEV_CLUSTER.name}")  # fmt: skip
+    print(
+        f"phoebe: {len(workload)} jobs, time compressed {args.scale:g}x, "
+        f"rounds {60 / args.scale:g} s, cluster {DEV_CLUSTER.name}, Slurm {args.slurm}"
+    )
     t0 = time.perf_counter()
     calibrated = load_cluster(DEV_CLUSTER).restart
     rows: list[tuple[str, dict[str, float]]] = []
-    results: dict[str, Any] = {"jobs": len(workload), "scale": args.scale}
+    results: dict[str, Any] = {"jobs": len(workload), "scale": args.scale, "slurm": args.slurm}
     if calibrated is not None:
         results["sim"] = run_sim(workload, args.scale, args.dir / "sim", "sim", calibrated)
         rows.append(("simulator", metrics(results["sim"])))
@@ -319,7 +350,9 @@ def main() -> None:
         results["real"] = previous["real"]
     elif not args.sim_only:
         t0 = time.perf_counter()
-        results["real"] = run_real(workload, args.scale, real_dir, args.port_base, args.timeout)
+        results["real"] = run_real(
+            workload, args.scale, real_dir, args.port_base, args.timeout, args.slurm
+        )
         print(f"dev cluster: done in {time.perf_counter() - t0:.0f} s wall")
     if "real" in results:
         rows.insert(0, ("dev cluster", metrics(results["real"])))

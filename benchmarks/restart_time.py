@@ -1,7 +1,7 @@
 """What a restart costs on the dev cluster: grant -> training, for Starts and Moves.
 
     python benchmarks/restart_time.py [--dir /tmp/sia-restart] [--port-base 19817]
-        [--cred-expire 5] [--round-s 6] [--sizes 1,2,4] [--moves 2]
+        [--cred-expire 5] [--round-s 6] [--sizes 1,2,4] [--moves 2] [--slurm system]
 
 Why: the simulator charges every (re)start a delay, and ``etc/clusters/dev.yaml`` needs the dev
 cluster's own numbers for it (``restart: {start_s, move_s}``): a restart there costs what it costs
@@ -24,7 +24,8 @@ Two parts:
   GPUs: it waits until the job trains, then forces ``--moves`` moves by draining the node the job
   runs on and resuming the other, then cancels it. Prints per kind and size the count, mean,
   median and max seconds, and the two numbers for ``etc/clusters/dev.yaml`` (means over all
-  sizes); writes ``restart_time.json`` under ``--dir``.
+  sizes); writes ``restart_time.json`` under ``--dir``. ``--slurm 24.11`` (or ``26.05``) runs
+  that release from its Debian root (``dev-cluster up --slurm``) instead of the host's Slurm.
 """
 
 from __future__ import annotations
@@ -49,8 +50,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.devcluster import DevCluster, DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.devcluster.chroot import SYSTEM  # noqa: E402
+from sia_slurm.devcluster.roots import RELEASE_SUITES  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
+
+# --slurm: the host's Slurm, or a release run from its Debian root (sia-slurm dev-cluster up).
+SLURM_RELEASES = (SYSTEM, *sorted(RELEASE_SUITES))
+# What a root's dev cluster shares with the host besides its own directory and the checkout
+# (sia_slurm/devcluster/chroot.py): a benchmark's state tree and job logs must lie there.
+ROOT_SHARED_DIRS = (Path("/tmp"), Path("/home"))
 
 GRANT_KINDS = ("start", "move")  # journalled actions that (re)start a job on granted GPUs
 READY_LINE = re.compile(
@@ -249,6 +258,40 @@ def summarize_by_size(delays: Sequence[GrantDelay]) -> dict[int, dict[str, dict[
 
 
 # ----------------------------------------------------------------------------------------------
+# Choosing the Slurm release (shared with benchmarks/fidelity.py)
+
+
+def release_problem(directory: Path, slurm: str) -> str | None:
+    """Why ``directory`` cannot hold a benchmark's cluster of ``slurm``, or None when it can:
+    the release must be one ``dev-cluster up --slurm`` knows, and with a root's release the
+    jobs, which run inside the root, must see the state tree and logs under ``directory``."""
+    if slurm not in SLURM_RELEASES:
+        return f"--slurm: expected one of {', '.join(SLURM_RELEASES)}, got {slurm!r}"
+    resolved = directory.absolute().resolve()
+    if slurm != SYSTEM and not any(d in resolved.parents for d in ROOT_SHARED_DIRS):
+        return (
+            f"--dir {directory}: with --slurm {slurm} it must lie under "
+            f"{' or '.join(map(str, ROOT_SHARED_DIRS))} (jobs run inside the Slurm root, which "
+            "shares only those, the cluster's directory and the checkout with the host)"
+        )
+    return None
+
+
+def cluster_env(cluster_dir: Path) -> dict[str, str]:
+    """The environment for Slurm commands and ``sia-sbatch`` aimed at the dev cluster that
+    ``dev-cluster up`` started in ``cluster_dir``: SLURM_CONF and, for a root's release, PATH
+    with its client wrappers first (``DevCluster.env``; the host's 22.05 clients cannot talk to
+    a newer slurmctld)."""
+    return DevCluster(cluster_dir).env
+
+
+def slurm_bin_dir(cluster_dir: Path, slurm: str) -> Path | None:
+    """The controller's ``slurm.bin_dir`` for that cluster: None (PATH) for the host's Slurm,
+    the root's client wrappers otherwise."""
+    return DevCluster(cluster_dir, slurm=slurm).bin_dir
+
+
+# ----------------------------------------------------------------------------------------------
 # The calibration run on the dev cluster
 
 CLUSTER_SPEC = "a100:2x4"
@@ -274,6 +317,7 @@ class CalibrationOptions:
     round_s: float
     sizes: tuple[int, ...]
     moves: int
+    slurm: str = SYSTEM
 
 
 @dataclass
@@ -317,11 +361,15 @@ class Site:
         return self.run([sys.executable, "-m", "sia_slurm.cli", *args], check=check)
 
 
-def write_config(directory: Path, round_s: float) -> Path:
-    """The controller's config: Sia on the a100 partition, as fidelity.py's but one type."""
+def write_config(directory: Path, round_s: float, bin_dir: Path | None = None) -> Path:
+    """The controller's config: Sia on the a100 partition, as fidelity.py's but one type;
+    ``bin_dir``: the Slurm commands' directory (:func:`slurm_bin_dir`), None for PATH."""
     path = directory / "sia.yaml"
     text = controller_config(
-        DevClusterSpec.parse(CLUSTER_SPEC), directory / "state", round_seconds=round_s
+        DevClusterSpec.parse(CLUSTER_SPEC),
+        directory / "state",
+        round_seconds=round_s,
+        bin_dir=bin_dir,
     )
     path.write_text(text, encoding="utf-8")
     # The state tree as `sia-slurm setup` makes it (the controller here is this account).
@@ -457,19 +505,21 @@ def prepare_site(options: CalibrationOptions) -> Site:
         shutil.rmtree(stale, ignore_errors=True)
     (directory / "out").mkdir(parents=True)
     site = Site(directory, {**os.environ, "PYTHONPATH": str(REPO)})
-    site.env["SIA_SLURM_CONFIG"] = str(write_config(directory, options.round_s))
+    bin_dir = slurm_bin_dir(site.cluster_dir, options.slurm)
+    site.env["SIA_SLURM_CONFIG"] = str(write_config(directory, options.round_s, bin_dir))
     return site
 
 
 def start_cluster(site: Site, options: CalibrationOptions) -> None:
-    """The dev cluster, freshly started (a cluster left in the directory would keep its own
-    cred_expire), with ``SLURM_CONF`` in the site's environment."""
+    """The dev cluster of ``options.slurm``, freshly started (a cluster left in the directory
+    would keep its own cred_expire), with its :func:`cluster_env` in the site's environment."""
     site.cli("dev-cluster", "down", "--dir", str(site.cluster_dir), check=False)
-    up = site.cli(
+    site.cli(
         "dev-cluster", "up", "--dir", str(site.cluster_dir), "--port-base",
         str(options.port_base), "--spec", CLUSTER_SPEC, "--cred-expire", str(options.cred_expire),
+        "--slurm", options.slurm,
     )  # fmt: skip
-    site.env["SLURM_CONF"] = up.stdout.strip().split("=", 1)[1]
+    site.env.update(cluster_env(site.cluster_dir))
 
 
 def start_controller(site: Site) -> subprocess.Popen[str]:
@@ -521,6 +571,12 @@ def parse_options(argv: Sequence[str] | None = None) -> CalibrationOptions:
     parser.add_argument("--round-s", type=float, default=6.0, help="controller round, s")
     parser.add_argument("--sizes", default="1,2,4", help="GPUs per job, comma separated")
     parser.add_argument("--moves", type=int, default=2, help="forced moves per job")
+    parser.add_argument(
+        "--slurm",
+        choices=SLURM_RELEASES,
+        default=SYSTEM,
+        help="the host's Slurm (system) or a release from its Debian root (dev-cluster up --slurm)",
+    )
     args = parser.parse_args(argv)
     try:
         sizes = tuple(int(word) for word in args.sizes.split(","))
@@ -536,8 +592,17 @@ def parse_options(argv: Sequence[str] | None = None) -> CalibrationOptions:
         parser.error(
             f"--cred-expire: expected 5..3600 (dev-cluster up's range), got {args.cred_expire}"
         )
+    problem = release_problem(args.dir, args.slurm)
+    if problem is not None:
+        parser.error(problem)
     return CalibrationOptions(
-        args.dir.absolute(), args.port_base, args.cred_expire, args.round_s, sizes, args.moves
+        args.dir.absolute(),
+        args.port_base,
+        args.cred_expire,
+        args.round_s,
+        sizes,
+        args.moves,
+        args.slurm,
     )
 
 
@@ -581,7 +646,8 @@ def report(
 def main(argv: Sequence[str] | None = None) -> None:
     options = parse_options(argv)
     print(
-        f"restart time on the dev cluster ({CLUSTER_SPEC}, cred_expire {options.cred_expire} s, "
+        f"restart time on the dev cluster ({CLUSTER_SPEC}, Slurm {options.slurm}, "
+        f"cred_expire {options.cred_expire} s, "
         f"rounds {options.round_s:g} s): sizes {options.sizes}, {options.moves} move(s) each",
         flush=True,
     )

@@ -27,8 +27,11 @@ from benchmarks.restart_time import (  # noqa: E402
     parse_options,
     parse_ready_lines,
     read_grants,
+    release_problem,
+    slurm_bin_dir,
     summarize,
     summarize_by_size,
+    write_config,
 )
 from sia_slurm.cluster import BatchChoice, Move, Rebatch, Start, Stop  # noqa: E402
 from sia_slurm.core import Configuration  # noqa: E402
@@ -304,3 +307,46 @@ def test_default_options() -> None:
         5,
     )
     assert options.port_base == 19817 and options.directory == Path("/tmp/sia-restart")
+    assert options.slurm == "system"
+
+
+def test_slurm_option_chooses_a_roots_release() -> None:
+    assert parse_options(["--slurm", "24.11"]).slurm == "24.11"
+    assert parse_options(["--slurm", "26.05", "--dir", "/home/x/restart"]).slurm == "26.05"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slurm", "23.02"], "--slurm: invalid choice: '23.02'"),
+        (["--slurm", "24.11", "--dir", "/var/tmp/restart"], "it must lie under /tmp or /home"),
+    ],
+)
+def test_a_bad_release_or_a_directory_the_root_cannot_see_is_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_options(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_release_problem() -> None:
+    assert release_problem(Path("/var/lib/x"), "system") is None
+    assert release_problem(Path("/tmp/x"), "24.11") is None
+    assert "--slurm: expected one of system, 24.11, 26.05" in str(
+        release_problem(Path("/tmp/x"), "25.05")
+    )
+    problem = str(release_problem(Path("/srv/bench"), "26.05"))
+    assert "--dir /srv/bench" in problem and "--slurm 26.05" in problem
+
+
+def test_a_roots_release_puts_its_client_wrappers_in_the_controller_config(
+    tmp_path: Path,
+) -> None:
+    assert slurm_bin_dir(tmp_path / "cluster", "system") is None
+    bin_dir = slurm_bin_dir(tmp_path / "cluster", "24.11")
+    assert bin_dir == tmp_path / "cluster" / "bin"
+    text = write_config(tmp_path, 6.0, bin_dir).read_text()
+    assert f"bin_dir: {bin_dir}" in text
+    assert "bin_dir" not in write_config(tmp_path, 6.0).read_text()
