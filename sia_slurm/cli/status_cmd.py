@@ -25,6 +25,7 @@ from sia_slurm.cli.controller_cmd import (
 )
 from sia_slurm.cluster import ClusterSnapshot
 from sia_slurm.config import SiaConfig
+from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
 from sia_slurm.state import Journal, Store, StoreError
 
 
@@ -188,6 +189,8 @@ def status(
         ]  # fmt: skip
         gpus = gpu_table(store, snapshot)
         jobs = job_lines(store, snapshot, show_all)
+    rejected = snapshot.rejected if snapshot is not None else ()
+    lost = [m for m in rejected if m.startswith(LOST_SUBMISSION)]
     if as_json:
         click.echo(
             json.dumps(
@@ -197,6 +200,7 @@ def status(
                     "last_round": None if last is None else last.round_index,
                     "pending_actions": pending,
                     "given_up_actions": given_up,
+                    "lost_submissions": lost,
                     "gpu_types": gpus,
                     "jobs": [asdict(line) for line in jobs],
                 },
@@ -240,6 +244,10 @@ def status(
         click.echo(line)
     if not jobs:
         click.echo("(no managed jobs)")
+    if lost:
+        click.echo("")
+    for line in lost:  # Slurm forgot a job it had accepted: only its user can submit it again
+        click.echo(line)
     said = [j for j in jobs if j.message and j.phase in ("failed", "starting", "pending")]
     if said:
         click.echo("")

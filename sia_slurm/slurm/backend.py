@@ -51,7 +51,12 @@ from sia_slurm.slurm.actuate import Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
 from sia_slurm.slurm.enforce import Enforcement, enforce
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
-from sia_slurm.slurm.jobfiles import DocumentCache, MetricsInbox, RecordBook
+from sia_slurm.slurm.jobfiles import (
+    DocumentCache,
+    MetricsInbox,
+    RecordBook,
+    lost_submissions,
+)
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_reservations, parse_squeue_json
 from sia_slurm.slurm.managed import (
     FailedRun,
@@ -84,6 +89,8 @@ class JobsView:
     managed: Mapping[str, ManagedJob]
     problems: tuple[str, ...] = ()
     identity: tuple[str, ...] = ()  # jobs refused as managed, and why
+    # sia ids some Slurm job carries or the controller has a record of (managed or not)
+    known_ids: frozenset[str] = frozenset()
 
     @property
     def strays(self) -> list[SlurmJob]:
@@ -169,6 +176,9 @@ class SlurmBackend:
         reserved = {node for r in reservations if r.active for node in r.nodes}
         unmanaged = [job for job in view.jobs if job.job_id not in current_ids]
         rejected += phantom_gpus(nodes, view.jobs)
+        rejected += lost_submissions(
+            self.paths.jobs_dir, set(view.known_ids), time.time(), self._lost_after_s
+        )
         return ClusterSnapshot(
             time=now,
             nodes=self._node_views(nodes, reserved, unmanaged, view.jobs),
@@ -353,6 +363,12 @@ class SlurmBackend:
         held by its user (who could release it) is held by the controller."""
         return not released and not under_controller_hold(job)
 
+    @property
+    def _lost_after_s(self) -> float:
+        """How old a spec must be, its Slurm job unseen, to be a lost submission: sia-sbatch
+        writes it just before sbatch, and a pending job shows in squeue at once."""
+        return max(3 * self.config.round_seconds, 30.0)
+
     def _node_views(
         self,
         nodes: tuple[NodeInfo, ...],
@@ -445,7 +461,8 @@ def build_view(backend: SlurmBackend, jobs: tuple[SlurmJob, ...], problems: list
     records = backend.records.load(identity)
     known = {record.slurm_job_id: sia_id for sia_id, record in records.items()}
     managed = {}
-    for sia_id, group in group_managed(jobs, backend.config.managed_marker, known).items():
+    groups = group_managed(jobs, backend.config.managed_marker, known)
+    for sia_id, group in groups.items():
         record = records.get(sia_id)
         first_sight = record is None
         if record is None:
@@ -466,7 +483,8 @@ def build_view(backend: SlurmBackend, jobs: tuple[SlurmJob, ...], problems: list
         job = resolve(sia_id, group, record)
         if job is not None:
             managed[sia_id] = replace(job, first_sight=first_sight)
-    return JobsView(jobs, managed, tuple(problems), tuple(identity))
+    known_ids = frozenset(groups) | frozenset(records)
+    return JobsView(jobs, managed, tuple(problems), tuple(identity), known_ids)
 
 
 def _directory_owner(paths: StatePaths, sia_id: str) -> int | None:

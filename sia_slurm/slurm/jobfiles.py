@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import TypeVar
 
 from sia_slurm.protocol import (
     METRICS_FILE,
+    SIA_ID,
     SPEC_FILE,
     Assignment,
     JobSpec,
@@ -298,3 +300,41 @@ class RecordBook:
         for gone in set(self._cache) - set(records):
             del self._cache[gone]
         return records
+
+
+# What the controller says of a job Slurm has forgotten before it ever saw it (see below).
+LOST_SUBMISSION = "lost submission"
+
+
+def lost_submissions(jobs_dir: Path, known: set[str], now: float, min_age_s: float) -> list[str]:
+    """Jobs submitted with ``sia-sbatch`` that neither Slurm nor the controller knows: a
+    ``jobs/<id>/spec.json`` older than ``min_age_s`` whose id is not in ``known`` (the ids of
+    the live Slurm jobs and of the controller's records, ``control/<id>/slurm.json``).
+
+    Seen in the chaos soak (docs/reliability.md): slurmctld SIGKILLed 1.5 s after it accepted a
+    submission, before it saved its state; restarted, it purged the job ("Purged files for
+    defunct batch JobId=24") and later gave the id to another job. ``sia-sbatch`` had exited 0.
+    The controller cannot submit for the user (``sbatch --uid`` is root's), so it says so, once
+    per job: the user resubmits. Only names and an ``lstat`` are read (the directory is the
+    user's: nothing is opened or followed)."""
+    try:
+        entries = list(os.scandir(jobs_dir))
+    except FileNotFoundError:
+        return []
+    said = []
+    for entry in entries:
+        if entry.name in known or not SIA_ID.match(entry.name):
+            continue
+        try:
+            written = os.stat(Path(entry.path) / SPEC_FILE, follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if now - written >= min_age_s:
+            said.append(
+                f"{LOST_SUBMISSION}: job {entry.name}: spec.json written "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(written))}, but no Slurm "
+                "job carries its id and the controller never saw one (Slurm did not keep the "
+                "submission: slurmctld crashed before it saved it, or sia-sbatch was killed "
+                "before it submitted): submit it again"
+            )
+    return sorted(said)

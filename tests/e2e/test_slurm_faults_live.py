@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:
 
 from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
-from sia_slurm.protocol import StatePaths, exit_name  # noqa: E402
+from sia_slurm.protocol import JobSpec, StatePaths, exit_name, write_document  # noqa: E402
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
@@ -580,3 +580,44 @@ def test_a_launch_whose_prolog_fails_is_brought_back_elsewhere(faults: Faults) -
     assert len(faults.runs("pf")) == 1  # the failed launch never started the job's code
     faults.finish_all()
     faults.check_completed_once()
+
+
+def test_a_submission_slurm_never_kept_is_said_not_lost_silently(faults: Faults) -> None:
+    """slurmctld SIGKILLed a second after it accepted a submission (the chaos soak saw it then
+    forget the job that ``sia-sbatch`` had reported submitted, under load; on an idle cluster
+    it usually keeps it): if Slurm kept the job, it runs and completes once. A submission
+    Slurm never kept (emulated for certain: a spec without a Slurm job, as such a loss or a
+    ``sia-sbatch`` killed between its spec and ``sbatch`` leaves it) is said by the controller
+    (log and ``status``) within a few rounds. Never silently lost."""
+    site, loop, cluster = faults.site, faults.loop, faults.cluster
+    loop.start()
+    slurm_id = site.submit("maybe", max_gpus=1)
+    time.sleep(1.0)  # the chaos soak's case; slurmctld saves within SAVE_MAX_WAIT (5 s)
+    cluster.kill_slurmctld()
+    cluster.start_slurmctld()
+    jobs = parse_squeue_json(site.run(["squeue", "--json"])).jobs
+    kept = [job for job in jobs if job.comment == "sia-slurm:maybe"]
+    print(f"Slurm {'kept' if kept else 'forgot'} job {slurm_id} across the restart")
+    lost = ["never"] if kept else ["never", "maybe"]
+    if not kept:
+        site.slurm_ids.remove(slurm_id)  # Slurm may give the id to another job
+    site.paths.job_dir("never").mkdir(mode=0o755)
+    write_document(site.paths.spec("never"), JobSpec(sia_id="never", app="cifar10"))
+
+    def said() -> list[str]:
+        messages = [line.get("message", "") for line in loop.lines()]
+        return [j for j in lost if any(f"lost submission: job {j}:" in m for m in messages)]
+
+    faults.wait(lambda: said() == lost, f"the controller to say {lost} were lost", 90)
+    status = subprocess.run(
+        [sys.executable, "-m", "sia_slurm.cli", "status", "--config", str(site.config_path),
+         "--json"],
+        env=site.env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    listed = json.loads(status.stdout)["lost_submissions"]
+    assert [line.split(":")[1].split()[-1] for line in listed] == sorted(lost), listed
+    shutil.rmtree(site.paths.job_dir("never"))  # its user gave up on it
+    if kept:
+        faults.wait(lambda: faults.reporting("maybe"), "the job Slurm kept to run")
+        faults.finish_all()
+        faults.check_completed_once()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import pytest
@@ -368,3 +369,26 @@ def test_gpus_slurm_counts_allocated_to_no_job_are_no_capacity(fake_slurm: Any) 
     again = backend.snapshot()
     assert not [m for m in again.rejected if "Slurm counts" in m]  # said once
     assert {n.name: n.usable_gpus for n in again.nodes}["t4-1"] == 1
+
+
+def test_a_submission_slurm_forgot_is_said_once_and_nothing_else_is(fake_slurm: Any) -> None:
+    """A job directory with a spec that neither a Slurm job nor the controller's record names,
+    once it is older than a few rounds, is a lost submission (slurmctld crashed before it
+    saved the job). A job Slurm knows, one the controller recorded (finished and forgotten by
+    Slurm since), a fresh one and a directory that is no sia id are not."""
+    for sia_id in ("lost", "fresh", "recorded"):
+        fake_slurm.paths.job_dir(sia_id).mkdir()
+        write_document(fake_slurm.paths.spec(sia_id), JobSpec(sia_id=sia_id, app="cifar10"))
+    fake_slurm.submit("alive")  # Slurm knows it
+    (fake_slurm.paths.jobs_dir / "-not-an-id").mkdir()
+    old = time.time() - 600
+    for sia_id in ("lost", "recorded", "alive"):
+        os.utime(fake_slurm.paths.spec(sia_id), (old, old))
+    record = SlurmRecord(slurm_job_id="7", user_id=os.geteuid(), submit_time=old)
+    fake_slurm.paths.control("recorded").mkdir(parents=True)
+    record.write(fake_slurm.paths.slurm_record("recorded"))
+    backend = backend_for(fake_slurm)
+    said = [m for m in backend.snapshot().rejected if m.startswith("lost submission")]
+    assert len(said) == 1 and said[0].startswith("lost submission: job lost: spec.json written")
+    assert "submit it again" in said[0]
+    assert not [m for m in backend.snapshot().rejected if m.startswith("lost submission")]
