@@ -255,6 +255,11 @@ def report(
         causes = [r.get("cause") for r in job.exits]
         print(f"  {job.name} ({job.sia_id}): {job.verdict}; phase {job.phase} {job.message!r}; "
               f"exits {causes}; Slurm {list(job.slurm_states)}")  # fmt: skip
+    spared = [j for j in jobs if j.sia_id in expected_failures and j.verdict != "failed (own code)"]
+    print("\njobs whose own failure was injected but did not end FAILED (--max-failures 0):")
+    for job in spared:
+        causes = [r.get("cause") for r in job.exits]
+        print(f"  {job.name} ({job.sia_id}): {job.verdict}; exits {causes}")
     unexpected = unexpected_own_failures(jobs, expected_failures, killer)
     print("\nruns that failed 'by their own code' without an injected fault:")
     for item in unexpected:
@@ -285,6 +290,7 @@ def report(
         },
         "checkpoint_kill": check,
         "unexpected_own_failures": unexpected,
+        "injected_failures_not_failed": [j.name for j in spared],
         "checkpoint_kill_missed": killer.missed,
         "controller_exits": [
             {"pid": e.pid, "returncode": e.returncode}
