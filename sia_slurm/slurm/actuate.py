@@ -198,24 +198,22 @@ class Actuator:
                     to_hold.append((action, job))
                 book.note(action, "checkpoint", "job was not running")
             elif job.finished:
-                if self.waits.completed_unasked(action.sia_id, job):
-                    self._settle_completed(action, job, book)
-                elif self.paths.stop_request(action.sia_id).exists():
+                if self.waits.ended_unasked(action.sia_id, job):
+                    self._settle_ended(action, job, book)
+                else:  # stopped for this action (acknowledged), then ended: requeue it
                     to_requeue.append((action, job))
                     book.note(action, "checkpoint", f"job had ended ({job.state})")
-                else:
-                    book.fail(action, f"Slurm job {job.job_id} has ended ({job.state})")
             else:
                 self._request_stop(action)
                 running[action.sia_id] = (action, job)
         if running:
             ids = [job.job_id for _, job in running.values()]
             self.calls.run_quiet(commands.signal_checkpoint(ids))
-            outcomes, completed = self.waits.acks(running)
+            outcomes, ended = self.waits.acks(running)
             for sia_id, outcome in outcomes.items():
                 book.note(running[sia_id][0], "checkpoint", outcome)
-            for sia_id, job in completed.items():
-                self._settle_completed(running[sia_id][0], job, book)
+            for sia_id, job in ended.items():
+                self._settle_ended(running[sia_id][0], job, book)
             to_requeue += [entry for entry in running.values() if not book.done(entry[0])]
         failures = self.calls.batched(commands.requeue_hold, [job.job_id for _, job in to_requeue])
         failures.update(self.calls.batched(commands.hold, [job.job_id for _, job in to_hold]))
@@ -271,11 +269,20 @@ class Actuator:
         if existing is None or existing.round_index != action.round_index:
             write_document(path, StopRequest(action.sia_id, action.round_index, self.clock.now()))
 
-    def _settle_completed(self, action: Stop | Move, job: SlurmJob, book: _Round) -> None:
-        """A job that completed instead of stopping: nothing to requeue; a Stop is done, a
-        Move cannot be (the job has nothing left to run). The stop request goes, so the job
-        reads DONE from now on."""
+    def _settle_ended(self, action: Stop | Move, job: SlurmJob, book: _Round) -> None:
+        """A job that ended by itself instead of stopping: nothing to requeue. One that
+        completed its training: a Stop is done, a Move cannot be (nothing is left to run).
+        One that failed: neither; the next snapshot judges the failed run (its own code's or
+        Slurm's, and the budgets: :func:`managed.failed_run`), as if no stop had been asked.
+        The stop request goes, so the job reads DONE or failed from now on."""
         self._clean_stop_files(action)
+        if job.state != "COMPLETED":
+            book.fail(
+                action,
+                f"Slurm job {job.job_id} ended {job.state} by itself before it could be "
+                "stopped; not requeued: the failed-run rules decide whether it comes back",
+            )
+            return
         message = f"Slurm job {job.job_id} completed its training before it could be stopped"
         if isinstance(action, Stop):
             book.ok(action, message)
@@ -404,9 +411,15 @@ class Actuator:
         if job.finished:
             if not self.paths.stop_request(action.sia_id).exists():
                 raise ActuationError(f"Slurm job {job.job_id} has ended ({job.state})")
-            if self.waits.completed_unasked(action.sia_id, job):
+            if self.waits.ended_unasked(action.sia_id, job):
                 raise ActuationError(
-                    f"Slurm job {job.job_id} completed its training before it could be stopped"
+                    f"Slurm job {job.job_id} ended {job.state} by itself before it could be "
+                    "stopped: "
+                    + (
+                        "its training is complete"
+                        if job.state == "COMPLETED"
+                        else "not requeued; the failed-run rules decide whether it comes back"
+                    )
                 )
             self.calls.run(commands.requeue_hold([job.job_id]))
             if self.waits.until_pending([job.job_id]):

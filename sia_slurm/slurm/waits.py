@@ -49,8 +49,9 @@ class Waits:
         self, running: dict[str, tuple[Stop | Move, SlurmJob]]
     ) -> tuple[dict[str, str], dict[str, SlurmJob]]:
         """Wait for every job's ack together; say per job how its checkpoint went. Also
-        returns the jobs that completed their training instead of acknowledging (by sia id):
-        they must not be requeued."""
+        returns the jobs that ended by themselves instead of acknowledging (by sia id): they
+        must not be requeued, neither one that completed its training (it would run a second
+        time) nor one whose own code failed (its ``--max-failures`` decide, not a move)."""
         timeout = self.checkpoint_timeout_s
         start = self.clock.now()
         deadline = start + timeout
@@ -81,15 +82,16 @@ class Waits:
                     ended = current.current
                     if ended.state == "PENDING" or ended.finished:
                         outcome[sia_id] = f"job ended ({ended.state}) without an ack"
-                        if self.completed_unasked(sia_id, ended):
+                        if self.ended_unasked(sia_id, ended):
                             completed[sia_id] = ended
                         del waiting[sia_id]
             self.clock.sleep(min(ACK_POLL_S, max(deadline - now, 0.0)))
 
-    def completed_unasked(self, sia_id: str, job: SlurmJob) -> bool:
-        """Whether ``job`` exited 0 without acknowledging the pending stop request: it finished
-        its training before it saw the request, and requeueing it would run it a second time."""
-        if job.state != "COMPLETED":
+    def ended_unasked(self, sia_id: str, job: SlurmJob) -> bool:
+        """Whether ``job`` ended by itself, without acknowledging the pending stop request (or
+        with none pending): completed, or failed by its own code or by Slurm. Requeueing it
+        would bypass what decides such a run (:func:`managed.failed_run`: the retry budgets)."""
+        if not job.finished:
             return False
         path = self.paths.stop_request(sia_id)
         try:

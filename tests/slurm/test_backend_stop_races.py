@@ -119,3 +119,37 @@ def test_a_stop_of_a_job_that_already_completed_is_done_without_a_requeue(
     assert result.ok and "completed its training" in result.message
     assert fake_slurm.verbs() == ["squeue"]
     assert fake_slurm.job(job_id)["restart_cnt"] == 0
+
+
+def test_a_move_of_a_job_whose_own_code_fails_meanwhile_does_not_requeue_it(
+    fake_slurm: Any,
+) -> None:
+    """Found by the chaos soak: the round decided a move from a snapshot that showed the job
+    running; its own code failed as the stop was asked (exit 1, its launcher says so). The
+    move must not requeue the failed run (that would bring it back whatever its
+    ``--max-failures`` say): it fails, and the next snapshot judges the run, here FAILED with
+    the default budget of 0."""
+    job_id, backend = running_job(fake_slurm)
+    fake_slurm.ack_delay_s["a"] = float("inf")
+    tick = fake_slurm.clock.on_sleep
+
+    def crashes(now: float) -> None:
+        tick(now)
+        if fake_slurm.job(job_id)["job_state"] == "RUNNING":
+            ended(fake_slurm, job_id, "FAILED")
+            record = RunExit("a", job_id, 0, "failed", 1, now, "exit 1")
+            write_document(fake_slurm.paths.job_dir("a") / exit_name(job_id, 0), record)
+
+    fake_slurm.clock.on_sleep = crashes
+    (result,) = backend.apply([placed(Move, "a", 2, "rtx-1")])
+    assert not result.ok and "ended FAILED by itself before it could be stopped" in result.message
+    assert not any(c[:2] == ["scontrol", "requeuehold"] for c in fake_slurm.calls)
+    assert fake_slurm.job(job_id)["restart_cnt"] == 0
+    assert not fake_slurm.paths.stop_request("a").exists()
+    phase, message = phase_of(backend)
+    assert phase is JobPhase.FAILED and "its own code failed" in message, message
+    # Nor does a Start after a crash that left round 2's stop request behind.
+    write_document(fake_slurm.paths.stop_request("a"), StopRequest("a", 2))
+    (start,) = backend.apply([placed(Start, "a", 3, "rtx-1")])
+    assert not start.ok and "not requeued" in start.message
+    assert fake_slurm.job(job_id)["restart_cnt"] == 0
