@@ -378,11 +378,35 @@ def node_address(runner: CommandRunner, node: str) -> str:
     return match[1] if match else node
 
 
-def free_port() -> int:
-    """A TCP port free on this host (the batch step runs on the job's first node)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
+# The rendezvous port is chosen below the kernel's ephemeral range: a port the kernel handed
+# out (bind to port 0) and the probe closed again can be handed out once more before torchrun
+# binds it. Seen in the chaos soak: srun took it for an I/O socket of its own, the rendezvous
+# timed out after 60 s and the run exited 1, recorded as the job's own failure.
+RDZV_PORTS = range(29500, 32768)
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(seed: int = 0, ports: range = RDZV_PORTS) -> int:
+    """A TCP port free on this host (the batch step runs on the job's first node), from
+    ``ports`` minus the kernel's ephemeral range, tried from ``seed`` (the Slurm job id: jobs
+    sharing a node start their search at different ports)."""
+    try:
+        low, high = (int(v) for v in EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    candidates = [p for p in ports if not low <= p <= high]
+    if not candidates:
+        raise LaunchError(f"no rendezvous port in {ports.start}-{ports.stop - 1} outside the "
+                          f"ephemeral range {low}-{high} ({EPHEMERAL_RANGE})")  # fmt: skip
+    start = seed % len(candidates)
+    for port in candidates[start:] + candidates[:start]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise LaunchError(f"no free rendezvous port in {ports.start}-{ports.stop - 1}")
 
 
 class _Child:
@@ -476,7 +500,8 @@ def _launch(
     assignment = await_grant(paths, sia_id, allocation, config, hostnames, wait_s)
     job = job_environment(spec, assignment, allocation, config, environ)
     python, command = split_command(spec.command, sys.executable)
-    argv = torchrun_argv(allocation, assignment, f"{address}:{free_port()}", command, python)
+    port = free_port(int(allocation.job_id) if allocation.job_id.isdigit() else 0)
+    argv = torchrun_argv(allocation, assignment, f"{address}:{port}", command, python)
     logger.info(
         "[round=%d job=%s] %s:%dx%d batch %d = %d x %d x %d, restart %d: %s",
         assignment.round_index,

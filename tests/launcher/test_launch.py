@@ -470,3 +470,23 @@ def test_a_refused_or_invalid_launch_is_recorded_too(
         launch(config, "s1-abcd", SLURM)
     record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
     assert (record.cause, record.status, record.message) == ("refused", 3, "not granted")
+
+
+def test_the_rendezvous_port_is_free_and_never_one_the_kernel_hands_out() -> None:
+    """A port the kernel hands out (bind to port 0) can be handed out again between the probe
+    and torchrun's own bind: the chaos soak saw srun take it. So the port comes from below
+    the ephemeral range, the search starting where the job id says, skipping taken ports."""
+    import socket
+
+    from launcher.launch import RDZV_PORTS, free_port
+
+    low, _ = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    port = free_port(7)
+    assert port in RDZV_PORTS and port < low
+    assert free_port(8) != port  # another job's search starts elsewhere
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("", port))
+        taken.listen()
+        assert free_port(7) not in (port, 0)  # the next free one
+    with pytest.raises(LaunchError, match="ephemeral range"):
+        free_port(0, range(low, low + 10))
