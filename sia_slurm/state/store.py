@@ -23,6 +23,7 @@ This module owns the connection, the schema and the ``jobs``/``rounds``/``decisi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,7 @@ from sia_slurm.protocol import to_json
 from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
 
 SCHEMA_VERSION = 1
+logger = logging.getLogger(__name__)
 GONE = "gone"  # jobs.phase of a job that left the snapshots without finishing
 DEFAULT_KEEP_ROUNDS = 7 * 24 * 60  # a week of 60 s rounds of history (decisions, done actions)
 
@@ -328,7 +330,9 @@ class Store:
 
     def _mark_vanished(self, seen: set[str], now: float) -> None:
         """Unfinished jobs missing from the snapshot (cancelled outside sia-slurm, or purged)
-        become ``gone``, as the controller forgets them too."""
+        become ``gone``, as the controller forgets them too; each is said once at ERROR: a
+        job Slurm forgot before it finished (a restarted slurmctld that had not saved it, seen
+        in the chaos soak) is lost, and only its user can submit it again."""
         rows = self.conn.execute(
             "SELECT sia_id, phase_history FROM jobs WHERE phase NOT IN (?, ?, ?)",
             (JobPhase.DONE.value, JobPhase.FAILED.value, GONE),
@@ -336,6 +340,11 @@ class Store:
         for row in rows:
             if row["sia_id"] in seen:
                 continue
+            logger.error(
+                "[job=%s] gone: no Slurm job carries it any more, and it had not finished "
+                "(cancelled outside sia-slurm, or forgotten by a restarted slurmctld)",
+                row["sia_id"],
+            )
             history = [*json.loads(row["phase_history"]), [now, GONE]]
             self.conn.execute(
                 "UPDATE jobs SET phase = ?, phase_history = ?, config = NULL, placement = NULL, "

@@ -198,8 +198,8 @@ def test_job_stops_on_request_and_resumes_on_another_type_and_size(
     scontrol.run(["scancel", "--batch", "--signal=USR1", job_id])
     wait_for("ack-3", paths.ack(sia_id, 3, job_id, 1).exists, 60, job_out)
     scontrol.run(["scancel", job_id])
-    output = job_out.read_text()
-    assert "stopped on request and checkpointed; exit 75" in output
+    stopped = "stopped on request and checkpointed; exit 75"
+    wait_for("the launcher's stop line", lambda: stopped in job_out.read_text(), 30, job_out)
     for run in (0, 1):  # each run left how it ended: stopped for the controller
         path = paths.job_dir(sia_id) / exit_name(job_id, run)
         wait_for(f"exit record of run {run}", path.exists, 30, job_out)

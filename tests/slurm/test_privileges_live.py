@@ -30,8 +30,11 @@ pytestmark = pytest.mark.slurm
 
 # The job traps SIGUSR1 (the controller's checkpoint signal) and notes it; short sleeps let
 # bash run the trap promptly.
+# It notes when the trap is set: Slurm says RUNNING before the script has run a line (seen on
+# 24.11 under load: a signal sent then found no trap, and the mark never came).
 JOB_SCRIPT = """#!/bin/bash
 trap 'echo usr1 >> "$SLURM_SUBMIT_DIR/usr1-$SLURM_JOB_ID"' USR1
+touch "$SLURM_SUBMIT_DIR/ready-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 while true; do sleep 0.2; done
 """
 # scancel exits with Slurm's error number modulo 256: ESLURM_ACCESS_DENIED is 2002.
@@ -237,6 +240,11 @@ def test_the_service_account_reshapes_releases_signals_and_requeues_her_job(
     record = slurm.wait_state(job, "RUNNING")
     assert (record["NodeList"], record["TresPerNode"]) == ("rtx-[1-2]", f"{TRES_GPU}:2")
 
+    ready = slurm.workdir / f"ready-{job}-0"
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the job's script never set its trap"
+        time.sleep(0.2)
     signal = ("scancel", "--batch", "--signal=USR1", job)
     assert ok(slurm.as_user(SERVICE_ACCOUNT, *signal))
     mark = slurm.workdir / f"usr1-{job}"
