@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -388,8 +389,8 @@ EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 def free_port(seed: int = 0, ports: range = RDZV_PORTS) -> int:
     """A TCP port free on this host (the batch step runs on the job's first node), from
-    ``ports`` minus the kernel's ephemeral range, tried from ``seed`` (the Slurm job id: jobs
-    sharing a node start their search at different ports)."""
+    ``ports`` minus the kernel's ephemeral range, tried from position ``seed`` on (random in
+    :func:`_launch`, so that jobs sharing a node rarely meet at the same port)."""
     try:
         low, high = (int(v) for v in EPHEMERAL_RANGE.read_text().split())
     except (OSError, ValueError):
@@ -500,7 +501,10 @@ def _launch(
     assignment = await_grant(paths, sia_id, allocation, config, hostnames, wait_s)
     job = job_environment(spec, assignment, allocation, config, environ)
     python, command = split_command(spec.command, sys.executable)
-    port = free_port(int(allocation.job_id) if allocation.job_id.isdigit() else 0)
+    # A random start: two jobs relaunched at once on one node, both starting from the job id,
+    # walked past the same busy ports to the same free one (seen on 26.05 in the fidelity run:
+    # the second job's agents joined the first job's c10d store and died with it).
+    port = free_port(random.randrange(1 << 30))
     argv = torchrun_argv(allocation, assignment, f"{address}:{port}", command, python)
     logger.info(
         "[round=%d job=%s] %s:%dx%d batch %d = %d x %d x %d, restart %d: %s",
