@@ -58,7 +58,10 @@ def live_snapshot(ctx: click.Context, config: SiaConfig) -> tuple[ClusterSnapsho
     try:
         return backend_factory(ctx)(config).snapshot(), ""
     except Exception as exc:  # any backend failure: fall back to the database's view
-        return None, f"{type(exc).__name__}: {exc}"
+        why = f"{type(exc).__name__}: {exc}"
+        if "Could not establish a configuration source" in why:  # scontrol found no slurm.conf
+            why += "; set SLURM_CONF to the cluster's slurm.conf (the controller's environment)"
+        return None, why
     finally:
         backend_log.setLevel(level)
 

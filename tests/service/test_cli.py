@@ -210,3 +210,19 @@ def test_status_says_why_a_job_waits(setup: tuple[Path, FakeCluster]) -> None:
     )
     assert result.exit_code == 0, result.output
     assert f"train-a starting: {said}" in result.output.splitlines()
+
+
+def test_status_without_a_slurm_conf_says_how_to_point_at_one(
+    setup: tuple[Path, FakeCluster],
+) -> None:
+    config, cluster = setup
+    rounds(config, cluster, 1)
+
+    def unconfigured(_config: object) -> FakeCluster:
+        raise ServiceError("scontrol: error: Could not establish a configuration source")
+
+    result = CliRunner().invoke(
+        cli, ["status", "--config", str(config)], obj={"backend_factory": unconfigured}
+    )
+    assert result.exit_code == 0, result.output
+    assert "set SLURM_CONF to the cluster's slurm.conf" in result.output
