@@ -175,13 +175,14 @@ class SlurmBackend:
         self.enforcement = enforcement
         reserved = {node for r in reservations if r.active for node in r.nodes}
         unmanaged = [job for job in view.jobs if job.job_id not in current_ids]
-        rejected += phantom_gpus(nodes, view.jobs)
+        phantom = phantom_gpus(nodes, gpus_held(view.jobs))
+        rejected += [phantom_message(node, *counts) for node, counts in phantom.items()]
         rejected += lost_submissions(
             self.paths.jobs_dir, set(view.known_ids), time.time(), self._lost_after_s
         )
         return ClusterSnapshot(
             time=now,
-            nodes=self._node_views(nodes, reserved, unmanaged, view.jobs),
+            nodes=self._node_views(nodes, reserved, unmanaged, phantom),
             jobs=tuple(jobs),
             reports=tuple(reports),
             rejected=tuple(self._once(rejected)),
@@ -374,19 +375,14 @@ class SlurmBackend:
         nodes: tuple[NodeInfo, ...],
         reserved: set[str],
         unmanaged: list[SlurmJob],
-        jobs: Sequence[SlurmJob] = (),
+        phantom: Mapping[str, tuple[int, int]] | None = None,
     ) -> tuple[NodeView, ...]:
         """Nodes of configured partitions; usable GPUs net of state, reservations, the GPUs
         held by jobs that are not current managed jobs, and phantom ones (Slurm counts them
         used, no job holds them: :func:`phantom_gpus`)."""
-        taken: dict[str, int] = {}
-        for job in unmanaged:
-            for node in job.nodes:
-                taken[node] = taken.get(node, 0) + job.gpus_on(node)
-        for node_info in nodes:
-            phantom = node_info.gpus_used - _held_gpus(node_info.name, jobs)
-            if phantom > 0:
-                taken[node_info.name] = taken.get(node_info.name, 0) + phantom
+        taken = gpus_held(unmanaged)
+        for node, (used, held) in (phantom or {}).items():
+            taken[node] = taken.get(node, 0) + used - held
         views = []
         for node in nodes:
             gpu_type = next(
@@ -525,26 +521,36 @@ def _batch_of(assignment: Assignment) -> BatchChoice:
     return BatchChoice(assignment.batch_size, assignment.local_bsz, assignment.accum_steps)
 
 
-def _held_gpus(node: str, jobs: Sequence[SlurmJob]) -> int:
-    return sum(job.gpus_on(node) for job in jobs)
+def gpus_held(jobs: Sequence[SlurmJob]) -> dict[str, int]:
+    """GPUs the ``jobs`` hold, by node (one pass over the jobs, whatever the node count)."""
+    held: dict[str, int] = {}
+    for job in jobs:
+        for node in job.nodes:
+            held[node] = held.get(node, 0) + job.gpus_on(node)
+    return held
 
 
-def phantom_gpus(nodes: Sequence[NodeInfo], jobs: Sequence[SlurmJob]) -> list[str]:
-    """Nodes where Slurm counts more GPUs as allocated (``GresUsed``) than its jobs hold, said
-    once each: Slurm will not start a job on them, so they are no capacity for the policy
-    (which would otherwise grant them round after round to a job that never starts).
+def phantom_gpus(nodes: Sequence[NodeInfo], held: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """Nodes where Slurm counts more GPUs as allocated (``GresUsed``) than its jobs hold
+    (``held``, from :func:`gpus_held`), with both counts: Slurm will not start a job on them,
+    so they are no capacity for the policy (which would otherwise grant them round after round
+    to a job that never starts).
 
     Seen on 22.05.8: after a slurmd that died alone came back beside its job's new run
     ("Registered JobId=J StepId=J.batch on wrong node"), the job's later requeue left
     ``GresUsed=gpu:a100:2`` on an idle node. A job ending between the two reads of a snapshot
     shows as phantom for one round, which only errs on the safe side."""
-    said = []
-    for node in nodes:
-        held = _held_gpus(node.name, jobs)
-        if node.gpus_used > held:
-            said.append(
-                f"node {node.name}: Slurm counts {node.gpus_used} GPU(s) allocated, its jobs hold "
-                f"{held}; {node.gpus_used - held} left out until Slurm frees them (restarting "
-                "slurmctld rebuilds its GPU accounting from the jobs)"
-            )
-    return said
+    return {
+        node.name: (node.gpus_used, held.get(node.name, 0))
+        for node in nodes
+        if node.gpus_used > held.get(node.name, 0)
+    }
+
+
+def phantom_message(node: str, used: int, held: int) -> str:
+    """What the snapshot says, once, of a node with phantom GPUs."""
+    return (
+        f"node {node}: Slurm counts {used} GPU(s) allocated, its jobs hold {held}; "
+        f"{used - held} left out until Slurm frees them (restarting slurmctld rebuilds its GPU "
+        "accounting from the jobs)"
+    )

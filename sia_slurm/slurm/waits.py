@@ -58,7 +58,7 @@ class Waits:
         last_check = start
         waiting = dict(running)
         outcome: dict[str, str] = {}
-        completed: dict[str, SlurmJob] = {}
+        ended_alone: dict[str, SlurmJob] = {}
         while True:
             for sia_id, (action, job) in list(waiting.items()):
                 if self.acked(sia_id, job, action.round_index):
@@ -66,12 +66,12 @@ class Waits:
                     del waiting[sia_id]
             now = self.clock.now()
             if not waiting:
-                return outcome, completed
+                return outcome, ended_alone
             if now >= deadline:
                 for sia_id in waiting:
                     outcome[sia_id] = f"timed out: no acknowledgement within {timeout:g} s"
                     logger.warning("job %s: %s", sia_id, outcome[sia_id])
-                return outcome, completed
+                return outcome, ended_alone
             if now - last_check >= SLURM_POLL_S:
                 last_check = now
                 managed = self.observe().managed
@@ -83,7 +83,7 @@ class Waits:
                     if ended.state == "PENDING" or ended.finished:
                         outcome[sia_id] = f"job ended ({ended.state}) without an ack"
                         if self.ended_unasked(sia_id, ended):
-                            completed[sia_id] = ended
+                            ended_alone[sia_id] = ended
                         del waiting[sia_id]
             self.clock.sleep(min(ACK_POLL_S, max(deadline - now, 0.0)))
 
