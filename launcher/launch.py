@@ -18,7 +18,9 @@ this process *is* the batch step and receives the controller's SIGUSR1. It
    :class:`launcher.jobenv.JobEnvironment`;
 4. forwards SIGTERM/SIGINT to ``srun``, logs SIGUSR1 (the workers poll the stop file), and
    exits with 0 when training completed, 75 when it stopped on the controller's request
-   (checkpointed and acknowledged: requeue it), otherwise with srun's status.
+   (checkpointed and acknowledged: requeue it), 77 when srun exited 0 under a trainer that was
+   killed (a node failure), otherwise with srun's status. How the run ended is judged from
+   the status and what the job side recorded (:mod:`launcher.runs`).
 
 Exit statuses and the whole job side of the protocol: ``docs/protocol.md``.
 """
@@ -30,7 +32,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +49,19 @@ from launcher.jobenv import (
     JobEnvironment,
     env_name,
 )
+from launcher.runs import (
+    EXIT_STOPPED,
+    EXIT_SUPERSEDED,
+    RunError,
+    await_successor,
+    clear_evidence,
+    dumps,
+    read_evidence,
+    reserve_port,
+    run_end,
+    stopped_on_request,
+    superseded_by,
+)
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.config import ConfigError, SiaConfig, load_config, resolve_config_path
 from sia_slurm.model.profile import (
@@ -61,11 +75,9 @@ from sia_slurm.protocol import (
     Assignment,
     ExitCause,
     JobSpec,
-    MetricsReport,
     ProtocolError,
     RunExit,
     StatePaths,
-    StopRequest,
     exit_name,
     read_document,
     write_document,
@@ -74,11 +86,8 @@ from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 logger = logging.getLogger("sia-launch")
 
-EXIT_OK = 0
 EXIT_USAGE = 2  # bad configuration or protocol file
 EXIT_MISMATCH = 3  # Slurm's allocation is not the assignment
-EXIT_STOPPED = 75  # stopped on request, checkpointed and acknowledged (EX_TEMPFAIL)
-EXIT_SUPERSEDED = 76  # the job runs in another Slurm run now; this one was left behind
 
 # Set by sbatch at submission from the job's original request; wrong after the controller
 # resized the pending job, and srun reads them as options (docs/slurm-actuation.md).
@@ -301,69 +310,6 @@ def worker_environment(environ: Mapping[str, str], job: JobEnvironment) -> dict[
     return {**clean, **job.to_env()}
 
 
-def stopped_on_request(
-    paths: StatePaths, sia_id: str, launch_round: int, allocation: SlurmAllocation
-) -> bool:
-    """Whether this run stopped for a stop request of a later round and acknowledged it."""
-    path = paths.stop_request(sia_id)
-    if not path.exists():
-        return False
-    try:
-        stop = read_document(StopRequest, path)
-    except ProtocolError:
-        return False
-    if stop.round_index <= launch_round:
-        return False
-    return paths.ack(sia_id, stop.round_index, allocation.job_id, allocation.restart_count).exists()
-
-
-def superseded_by(paths: StatePaths, sia_id: str, allocation: SlurmAllocation) -> Assignment | None:
-    """The assignment that hands the job to another Slurm run than this one, if the
-    controller has written one: this run was left behind and its workers stopped for it."""
-    path = paths.assignment(sia_id)
-    try:
-        assignment = read_document(Assignment, path) if path.exists() else None
-    except ProtocolError:
-        return None
-    if assignment is None or not assignment.slurm_job_id:
-        return None
-    run = (assignment.slurm_job_id, assignment.slurm_restart_count)
-    return assignment if run != (allocation.job_id, allocation.restart_count) else None
-
-
-def await_successor(
-    paths: StatePaths,
-    successor: Assignment,
-    terminated: Callable[[], bool],
-    wait_s: float,
-    *,
-    poll_s: float = 1.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Keep a run that was left behind from exiting until its successor trains (a metrics
-    report from the Slurm run its assignment names), Slurm terminates it, or ``wait_s``
-    passes; whether the successor was seen.
-
-    The batch step's exit reaches slurmctld as the job's completion. Once the successor runs
-    on another node, Slurm 22.05 refuses it ("Batch completion ... sent from wrong node"); while
-    the requeued job is still pending, slurmctld applies it to the pending job (seen:
-    "_job_complete: JobId=J WEXITSTATUS 76 ... cancelled by interactive user" between the
-    controller's release and Slurm's allocation; the job did start afterwards, but nothing
-    should depend on that). The workers have exited already: waiting holds no GPU."""
-    deadline = clock() + wait_s
-    run = (successor.slurm_job_id, successor.slurm_restart_count)
-    while not terminated() and clock() < deadline:
-        try:
-            report = read_document(MetricsReport, paths.metrics(successor.sia_id))
-        except ProtocolError:
-            report = None
-        if report is not None and (report.slurm_job_id, report.slurm_restart_count) == run:
-            return True
-        sleep(poll_s)
-    return False
-
-
 # ------------------------------------------------------------------------------------------------
 # I/O: Slurm queries, the child process, signals
 
@@ -377,37 +323,6 @@ def node_address(runner: CommandRunner, node: str) -> str:
     output = runner.run(["scontrol", "-o", "show", "node", node]).stdout
     match = re.search(r"\bNodeAddr=(\S+)", output)
     return match[1] if match else node
-
-
-# The rendezvous port is chosen below the kernel's ephemeral range: a port the kernel handed
-# out (bind to port 0) and the probe closed again can be handed out once more before torchrun
-# binds it. Seen in the chaos soak: srun took it for an I/O socket of its own, the rendezvous
-# timed out after 60 s and the run exited 1, recorded as the job's own failure.
-RDZV_PORTS = range(29500, 32768)
-EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def free_port(seed: int = 0, ports: range = RDZV_PORTS) -> int:
-    """A TCP port free on this host (the batch step runs on the job's first node), from
-    ``ports`` minus the kernel's ephemeral range, tried from position ``seed`` on (random in
-    :func:`_launch`, so that jobs sharing a node rarely meet at the same port)."""
-    try:
-        low, high = (int(v) for v in EPHEMERAL_RANGE.read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999  # Linux's default
-    candidates = [p for p in ports if not low <= p <= high]
-    if not candidates:
-        raise LaunchError(f"no rendezvous port in {ports.start}-{ports.stop - 1} outside the "
-                          f"ephemeral range {low}-{high} ({EPHEMERAL_RANGE})")  # fmt: skip
-    start = seed % len(candidates)
-    for port in candidates[start:] + candidates[:start]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise LaunchError(f"no free rendezvous port in {ports.start}-{ports.stop - 1}")
 
 
 class _Child:
@@ -450,6 +365,7 @@ def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
         record_exit(paths, sia_id, allocation, cause, exc.status, str(exc))
         raise
     record_exit(paths, sia_id, allocation, cause, status, message)
+    clear_evidence(paths.job_dir(sia_id), allocation.job_id, allocation.restart_count)
     return status
 
 
@@ -504,7 +420,31 @@ def _launch(
     # A random start: two jobs relaunched at once on one node, both starting from the job id,
     # walked past the same busy ports to the same free one (seen on 26.05 in the fidelity run:
     # the second job's agents joined the first job's c10d store and died with it).
-    port = free_port(random.randrange(1 << 30))
+    try:
+        reservation = reserve_port(random.randrange(1 << 30))
+    except RunError as exc:
+        raise LaunchError(str(exc), EXIT_MISMATCH) from None
+    try:
+        return _supervise(paths, sia_id, allocation, assignment, environ, job, address,
+                          reservation.port, python, command, wait_s)  # fmt: skip
+    finally:
+        reservation.release()
+
+
+def _supervise(
+    paths: StatePaths,
+    sia_id: str,
+    allocation: SlurmAllocation,
+    assignment: Assignment,
+    environ: Mapping[str, str],
+    job: JobEnvironment,
+    address: str,
+    port: int,
+    python: str,
+    command: list[str],
+    wait_s: float,
+) -> tuple[int, ExitCause, str]:
+    """Run ``srun`` and judge how the run ended (:func:`launcher.runs.run_end`)."""
     argv = torchrun_argv(allocation, assignment, f"{address}:{port}", command, python)
     logger.info(
         "[round=%d job=%s] %s:%dx%d batch %d = %d x %d x %d, restart %d: %s",
@@ -522,10 +462,11 @@ def _launch(
     )
     child = _Child(argv, worker_environment(environ, job))
     status = child.wait()
-    if stopped_on_request(paths, sia_id, assignment.round_index, allocation):
+    run = (allocation.job_id, allocation.restart_count)
+    if stopped_on_request(paths, sia_id, assignment.round_index, *run):
         logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
         return EXIT_STOPPED, ExitCause.STOPPED, "stopped on the controller's request"
-    successor = superseded_by(paths, sia_id, allocation)
+    successor = superseded_by(paths, sia_id, *run)
     if successor is not None:
         message = (
             f"left behind: the assignment of round {successor.round_index} is for Slurm job "
@@ -537,10 +478,12 @@ def _launch(
         return EXIT_SUPERSEDED, ExitCause.SUPERSEDED, message
     if child.terminated:
         return 128 + child.terminated, ExitCause.TERMINATED, f"signal {child.terminated}"
-    logger.info("[job=%s] srun exited with status %d", sia_id, status)
-    if status == EXIT_OK:
-        return status, ExitCause.COMPLETED, "training completed"
-    return status, ExitCause.FAILED, f"the training command exited with status {status}"
+    job_dir = paths.job_dir(sia_id)
+    evidence = read_evidence(job_dir, *run)
+    verdict = run_end(status, evidence)
+    logger.info("[job=%s] srun exited with status %d; %s: %s (evidence %s)", sia_id, status,
+                verdict[1].value, verdict[2], dumps(evidence))  # fmt: skip
+    return verdict
 
 
 def await_grant(

@@ -334,6 +334,10 @@ class ExitCause(StrEnum):
     TERMINATED = "terminated"  # Slurm (or the controller) signalled the launcher to end
     SUPERSEDED = "superseded"  # the controller runs the job in another Slurm run now: this
     # run was left behind (its slurmd died while Slurm requeued the job) and exited unasked
+    LAUNCH_FAILED = "launch_failed"  # srun started no task, or the rendezvous never formed:
+    # Slurm or the node did not launch what was asked (the job's code never ran)
+    ABORTED = "aborted"  # the trainer was killed without ending by itself while srun exited 0
+    # (a node failure): Slurm ended the run under the job (launcher/runs.py)
 
     @property
     def users_fault(self) -> bool:

@@ -41,6 +41,7 @@ from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.jobenv import JobEnvironment
+from launcher.runs import TrainingRecorder
 from sia_slurm.protocol import Assignment, StatePaths
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class ElasticTrainer:
         self._superseded_round: int | None = None
         self._checkpoint_interval_s = checkpoint_interval_s
         self._last_checkpoint = time.monotonic()
+        self._recorder = self._training_recorder()
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._device = self._params[0].device if self._params else torch.device("cpu")
         self._log(
@@ -333,7 +335,22 @@ class ElasticTrainer:
         if self._terminate:
             self._stop_for_termination()
 
+    def _training_recorder(self) -> TrainingRecorder | None:
+        """Rank 0 tells ``sia-launch`` that this run trained and how it ended, so that a run
+        killed under an ``srun`` that exits 0 is not taken for a completion (launcher/runs.py)."""
+        if self.rank != 0 or not self.env.slurm_job_id:
+            return None
+        job_dir = StatePaths(self.env.state_dir).job_dir(self.env.sia_id)
+        return TrainingRecorder(
+            job_dir, self.env.slurm_job_id, self.env.restarts, lambda: self.step
+        )
+
+    def _ended(self, end: str) -> None:
+        if self._recorder is not None:
+            self._recorder.ended(end)
+
     def _stop_for_controller(self, stop_round: int) -> None:
+        self._ended("stopped")
         if self.rank == 0:
             self._report()
             path = self.save_checkpoint()
@@ -360,6 +377,7 @@ class ElasticTrainer:
         self._exit()
 
     def _stop_for_termination(self) -> None:
+        self._ended("terminated")
         if self.rank == 0:
             self._report()
             path = self.save_checkpoint()
@@ -371,6 +389,7 @@ class ElasticTrainer:
         is still intact (the optimizer has not stepped): rank 0 saves it, then exits."""
         if not self.signals.terminate:
             return
+        self._ended("terminated")
         self._log("all-reduce failed during termination (%s)", exc)
         if self.rank == 0:
             path = self.save_checkpoint()
@@ -386,6 +405,7 @@ class ElasticTrainer:
         if self.rank == 0:
             self._report()
             self.save_checkpoint()
+        self._ended("completed")
         self._log("training complete after %d steps", self.step)
         # Every rank completes at the same step, so all can meet once more and leave the
         # process group cleanly; a rank exiting with gloo still up was seen to die with SIGABRT

@@ -15,24 +15,20 @@ from launcher.launch import (
     LaunchError,
     SlurmAllocation,
     await_grant,
-    await_successor,
     check_allocation,
     job_environment,
     launch,
     split_command,
-    stopped_on_request,
-    superseded_by,
     torchrun_argv,
     worker_environment,
 )
+from launcher.runs import TrainingRecord, mark_task, write_training
 from sia_slurm.config import SiaConfig, load_config
 from sia_slurm.protocol import (
     Assignment,
     JobSpec,
-    MetricsReport,
     RunExit,
     StatePaths,
-    StopRequest,
     read_document,
     write_document,
 )
@@ -217,72 +213,6 @@ def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path)
         )
 
 
-def test_exit_status_says_stopped_only_for_an_acknowledged_later_stop(tmp_path: Path) -> None:
-    paths = StatePaths(tmp_path)
-    paths.job_dir("s1-abcd").mkdir(parents=True)  # the job's (sia-sbatch made it)
-    run = SlurmAllocation.from_env(SLURM)  # job 41 after one restart
-    assert not stopped_on_request(paths, "s1-abcd", 7, run)
-    write_document(paths.stop_request("s1-abcd"), StopRequest("s1-abcd", 7))
-    paths.ack("s1-abcd", 7, "41", 1).touch()
-    assert not stopped_on_request(paths, "s1-abcd", 7, run)  # the stop before this start
-    write_document(paths.stop_request("s1-abcd"), StopRequest("s1-abcd", 8))
-    assert not stopped_on_request(paths, "s1-abcd", 7, run)  # requested, not acknowledged
-    paths.ack("s1-abcd", 8, "41", 0).touch()
-    assert not stopped_on_request(paths, "s1-abcd", 7, run)  # by the run before: not this one
-    paths.ack("s1-abcd", 8, "41", 1).touch()
-    assert stopped_on_request(paths, "s1-abcd", 7, run)
-
-
-def test_a_run_is_superseded_only_by_an_assignment_for_another_run(tmp_path: Path) -> None:
-    paths = StatePaths(tmp_path)
-    run = SlurmAllocation.from_env(SLURM)  # job 41 after one restart
-    assert superseded_by(paths, "s1-abcd", run) is None  # no assignment at all
-    write_document(paths.assignment("s1-abcd"), assignment(round_index=8))
-    assert superseded_by(paths, "s1-abcd", run) is None  # a rebatch of this very run
-    write_document(paths.assignment("s1-abcd"), assignment(slurm_job_id=""))
-    assert superseded_by(paths, "s1-abcd", run) is None  # names no run: proves nothing
-    for job_id, restarts in (("41", 2), ("42", 1)):  # the next run; a resubmitted job
-        write_document(
-            paths.assignment("s1-abcd"),
-            assignment(round_index=9, slurm_job_id=job_id, slurm_restart_count=restarts),
-        )
-        successor = superseded_by(paths, "s1-abcd", run)
-        assert successor is not None and successor.round_index == 9
-
-
-def test_a_run_left_behind_exits_once_its_successor_trains(tmp_path: Path) -> None:
-    """Its exit is the Slurm job's completion: sent while the requeued job still waits, Slurm
-    completes the pending job with it; once the successor runs on another node, Slurm refuses
-    it as coming from the wrong node. So the left-behind launcher waits for a report of the
-    successor's run, for Slurm's SIGTERM, or for its time limit."""
-    paths = StatePaths(tmp_path)
-    paths.job_dir("s1-abcd").mkdir(parents=True)
-    successor = assignment(round_index=9, slurm_restart_count=2)  # job 41 run 2
-    now = [0.0]
-    reports = {3.0: ("41", 1), 5.0: ("41", 2)}  # the old run's last report, then the new one
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-        if now[0] in reports:
-            job_id, restarts = reports[now[0]]
-            report = MetricsReport(
-                "s1-abcd", now[0], "rtx", 2, 4, 6, 1, 0.5, 0.1, 1.0, 1.0,
-                slurm_job_id=job_id, slurm_restart_count=restarts,
-            )  # fmt: skip
-            write_document(paths.metrics("s1-abcd"), report)
-
-    def wait(terminated: bool = False, limit: float = 60.0) -> bool:
-        now[0] = 0.0
-        return await_successor(
-            paths, successor, lambda: terminated, limit, clock=lambda: now[0], sleep=sleep
-        )
-
-    assert wait() and now[0] == 5.0  # not at the old run's report of t = 3
-    paths.metrics("s1-abcd").unlink()
-    assert not wait(limit=4.0) and now[0] == 4.0  # no successor report: the time limit
-    assert not wait(terminated=True) and now[0] == 0.0  # Slurm's SIGTERM: at once
-
-
 # ------------------------------------------------------------------------------------------------
 # Waiting for the grant
 
@@ -420,32 +350,52 @@ class _FakeChild:
 
 
 @pytest.mark.parametrize(
-    ("status", "terminated", "cause", "exit_status"),
-    [(0, 0, "completed", 0), (1, 0, "failed", 1), (143, 15, "terminated", 143)],
+    ("status", "terminated", "training", "cause", "exit_status"),
+    [
+        (0, 0, "completed", "completed", 0),
+        (1, 0, "", "failed", 1),
+        (1, 0, None, "launch_failed", 1),  # srun started no task
+        (0, 0, "killed", "aborted", 77),  # srun exited 0 under a killed trainer
+        (143, 15, "", "terminated", 143),
+    ],
 )
 def test_every_run_leaves_how_it_ended_for_the_controller(
     config_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     status: int,
     terminated: int,
+    training: str | None,
     cause: str,
     exit_status: int,
 ) -> None:
     """``exit-<job>.<restart>.json`` tells the controller whether the job's own code failed
-    (``failed``: it spends --max-failures) or Slurm ended the run (brought back)."""
+    (``failed``: it spends --max-failures) or Slurm ended the run (brought back), judged from
+    srun's status and what the job side left (``training``: None, no task started; "", a task
+    started and no trainer; else the trainer's record); the evidence is gone afterwards."""
     config = load_config(config_path)
     paths = StatePaths(config.state_dir)
-    paths.job_dir("s1-abcd").mkdir()
+    job_dir = paths.job_dir("s1-abcd")
+    job_dir.mkdir()
     write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
     monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
     monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
     monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
-    child = type("Child", (_FakeChild,), {"status": status, "terminated": terminated})
+
+    def run(self: _FakeChild) -> int:
+        if training is not None:
+            mark_task(job_dir, "41", 1, 0)
+        if training:
+            end = None if training == "killed" else training
+            write_training(job_dir, "41", 1, TrainingRecord(33, end))
+        return status
+
+    child = type("Child", (_FakeChild,), {"terminated": terminated, "wait": run})
     monkeypatch.setattr(launcher.launch, "_Child", child)
     assert launch(config, "s1-abcd", SLURM) == exit_status
-    record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
+    record = read_document(RunExit, job_dir / "exit-41.1.json")
     assert (record.cause, record.status) == (cause, exit_status)
     assert (record.slurm_job_id, record.slurm_restart_count) == ("41", 1)
+    assert sorted(p.name for p in job_dir.iterdir()) == ["exit-41.1.json", "spec.json"]
 
 
 def test_a_refused_or_invalid_launch_is_recorded_too(
@@ -470,25 +420,3 @@ def test_a_refused_or_invalid_launch_is_recorded_too(
         launch(config, "s1-abcd", SLURM)
     record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
     assert (record.cause, record.status, record.message) == ("refused", 3, "not granted")
-
-
-def test_the_rendezvous_port_is_free_and_never_one_the_kernel_hands_out() -> None:
-    """A port the kernel hands out (bind to port 0) can be handed out again between the probe
-    and torchrun's own bind: the chaos soak saw srun take it. So the port comes from below
-    the ephemeral range, the search starting where the job id says, skipping taken ports."""
-    import socket
-
-    from launcher.launch import RDZV_PORTS, free_port
-
-    low, _ = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    assert free_port(7) in RDZV_PORTS and free_port(7) < low
-    # A range no other test session uses (their rendezvous ports start at 29500 + job id).
-    quiet = range(32600, 32620)
-    assert (free_port(3, quiet), free_port(4, quiet)) == (32603, 32604)  # start at the job id
-    assert free_port(23, quiet) == 32603  # modulo the range
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("", 32603))
-        taken.listen()
-        assert free_port(3, quiet) == 32604  # the next free one
-    with pytest.raises(LaunchError, match="ephemeral range"):
-        free_port(0, range(low, low + 10))
