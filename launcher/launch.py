@@ -573,7 +573,8 @@ def cli(config_path: Path | None, sia_id: str) -> None:
     training command under torchrun on every node. Exit status: 0 done, 2 bad config or
     protocol file, 3 no assignment for this run after SIA_MISMATCH_WAIT_S (the controller
     normally requeues such a run first), 75 stopped on the controller's request
-    (checkpointed; to be requeued), else srun's status.
+    (checkpointed; to be requeued), 76 left behind (the job runs in another Slurm run),
+    77 aborted (srun exited 0 under a killed trainer: a node failure), else srun's status.
     """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s sia-launch %(levelname)s %(message)s"

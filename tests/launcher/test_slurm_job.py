@@ -295,3 +295,65 @@ def test_launcher_refuses_an_allocation_that_is_not_the_assignment(
     # ... and left its record: refused (the controller's to repair), not the job's failure.
     record = read_document(RunExit, paths.job_dir(sia_id) / exit_name(job_id, 0))
     assert (record.cause, record.status) == ("refused", 3)
+
+
+@pytest.mark.slurm
+def test_a_run_whose_node_fails_is_not_taken_for_a_completion(
+    dev_cluster: DevCluster,
+    slurm_env: dict[str, str],
+    config_path: Path,
+    tiny_profile: Path,
+    tmp_path: Path,
+) -> None:
+    """Soak defect 4 (docs/reliability.md): the slurmd of a running job's node dies alone;
+    Slurm sets the node DOWN and requeues the job, and srun, told "Node failure", exits while
+    the trainer has not completed. The run's verdict must not say ``completed`` (a job Slurm
+    does not requeue would end COMPLETED untrained): the trainer said it began and never
+    said it ended, so the run was ended under it."""
+    config = load_config(config_path)
+    paths = StatePaths(config.state_dir)
+    runner = dev_cluster.runner()
+    samples, job_out = tmp_path / "samples", tmp_path / "job.out"
+    submitted = subprocess.run(
+        [
+            sys.executable, "-m", "launcher.sbatch", "--parsable", "--config", str(config_path),
+            "--profile", str(tiny_profile), "--num-gpus", "1", "--gpu-type", "t4",
+            "--batch-size", "8", f"--output={job_out}", "--export=ALL,SIA_METRICS_INTERVAL_S=0.5",
+            "--", "python", "-m", "launcher.examples.emulated", "--epochs", "100000",
+            "--dataset-size", str(DATASET), "--time-scale", "4", "--sample-log", str(samples),
+        ],
+        cwd=REPO,
+        env={**os.environ, **slurm_env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    sia_id = re.search(r"sia job (\S+)", submitted.stderr)[1]  # type: ignore[index]
+    write_document(
+        paths.assignment(sia_id),
+        Assignment(sia_id, 1, "t4", "t4", 1, 1, (), 8, 8, 0, slurm_job_id=job_id),
+    )
+    runner.run(["scontrol", "release", job_id])
+    training = paths.job_dir(sia_id) / f"training-{job_id}.0.json"
+    wait_for("the trainer to begin", training.exists, 120, job_out)
+    wait_for("10 steps", lambda: len(steps_of(read_samples(samples), 0)) >= 10, 120, job_out)
+    node = runner.run(["squeue", "-h", "-j", job_id, "-o", "%N"]).stdout.strip()
+    exit_file = paths.job_dir(sia_id) / exit_name(job_id, 0)
+    try:
+        dev_cluster.kill_slurmd(node)  # the job's processes live on, as when slurmd crashes
+        wait_for("the run's verdict", exit_file.exists, 240, job_out)
+    finally:
+        dev_cluster.start_killed()
+        runner.run(["scancel", job_id], check=False)
+        state = dev_cluster.node_state(node)
+        if "DOWN" in state or "DRAIN" in state:
+            dev_cluster.resume(node)
+        dev_cluster.wait_for_node(node, lambda s: s == "IDLE", "idle again", 120)
+    record = read_document(RunExit, exit_file)
+    output = job_out.read_text()
+    assert f"Node failure on {node}" in output  # what srun was told, and it exited 0:
+    assert "srun exited with status 0; aborted" in output, output[-3000:]
+    assert (record.cause, record.status) == ("aborted", 77), record
+    assert not training.exists()  # the evidence is cleared once the verdict is written

@@ -102,8 +102,13 @@ def test_a_run_that_left_no_exit_of_its_own_was_ended_by_slurm_and_comes_back(st
     )
 
 
-@pytest.mark.parametrize("cause", [ExitCause.REFUSED, ExitCause.TERMINATED])
+@pytest.mark.parametrize(
+    "cause",
+    [ExitCause.REFUSED, ExitCause.TERMINATED, ExitCause.LAUNCH_FAILED, ExitCause.ABORTED],
+)
 def test_a_run_refused_or_signalled_is_not_the_jobs_failure(cause: ExitCause) -> None:
+    """Refused, signalled, never launched (srun started no task, or the rendezvous failed),
+    or killed under an srun that exited 0 (a node failure): brought back, Slurm's budget."""
     failure = rule(slurm_job("FAILED"), exit_record=exit_of(cause))
     assert not failure.users_fault and failure.again
     assert f"its launcher {cause.value}" in failure.message
