@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -50,6 +50,7 @@ from launcher.jobenv import (
     env_name,
 )
 from launcher.runs import (
+    EXIT_OK,
     EXIT_STOPPED,
     EXIT_SUPERSEDED,
     RunError,
@@ -59,6 +60,7 @@ from launcher.runs import (
     read_evidence,
     reserve_port,
     run_end,
+    slurm_ended,
     stopped_on_request,
     superseded_by,
 )
@@ -480,6 +482,9 @@ def _supervise(
         return 128 + child.terminated, ExitCause.TERMINATED, f"signal {child.terminated}"
     job_dir = paths.job_dir(sia_id)
     evidence = read_evidence(job_dir, *run)
+    if status != EXIT_OK or evidence.training is not None:
+        ended = slurm_ended(SubprocessRunner(timeout_s=15), *run, allocation.node_list)
+        evidence = replace(evidence, slurm_ended=ended)
     verdict = run_end(status, evidence)
     logger.info("[job=%s] srun exited with status %d; %s: %s (evidence %s)", sia_id, status,
                 verdict[1].value, verdict[2], dumps(evidence))  # fmt: skip

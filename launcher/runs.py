@@ -55,6 +55,8 @@ from sia_slurm.protocol import (
     read_json,
     write_json_atomic,
 )
+from sia_slurm.slurm.inventory import parse_records
+from sia_slurm.slurm.runner import CommandError, CommandRunner
 
 logger = logging.getLogger("sia-launch")
 
@@ -115,6 +117,7 @@ class RunEvidence:
     tasks_started: int = 0
     rendezvous_failures: tuple[str, ...] = ()
     training: TrainingRecord | None = None
+    slurm_ended: str = ""  # what Slurm says ended the run under srun (a node failed), if it did
 
 
 def write_training(
@@ -239,6 +242,34 @@ def _read_training(path: Path) -> TrainingRecord | None:
         return None
 
 
+# Node states in which a node cannot be running the job's tasks any more.
+_DEAD_NODE = ("DOWN", "NOT_RESPONDING", "FAIL", "POWER", "REBOOT")
+
+
+def slurm_ended(runner: CommandRunner, job_id: str, restart_count: int, node_list: str) -> str:
+    """What Slurm says ended this run under ``srun`` ("" when nothing did, or when Slurm
+    cannot be asked): the job no longer RUNNING in this run (requeued after a node failure,
+    NODE_FAIL), or one of its nodes DOWN or not responding. Asked after ``srun`` exited,
+    while this batch step still runs: for a run that ended by itself Slurm still says
+    RUNNING, on healthy nodes."""
+    try:
+        jobs = parse_records(runner.run(["scontrol", "-o", "show", "job", job_id]).stdout)
+        nodes = parse_records(runner.run(["scontrol", "-o", "show", "node", node_list]).stdout)
+    except CommandError as exc:
+        logger.warning("cannot ask Slurm how the run ended: %s", exc)
+        return ""
+    if len(jobs) != 1:
+        return ""
+    job = jobs[0]
+    state, restarts = job.get("JobState", ""), job.get("Restarts", "")
+    if state != "RUNNING" or restarts != str(restart_count):
+        reason = job.get("Reason", "?")
+        return f"job {job_id} is {state} (reason {reason}, restarts {restarts})"
+    dead = [f"{n.get('NodeName')} {n.get('State')}" for n in nodes
+            if any(word in n.get("State", "") for word in _DEAD_NODE)]  # fmt: skip
+    return f"node {', '.join(dead)}" if dead else ""
+
+
 # ------------------------------------------------------------------------------------------------
 # The verdict
 
@@ -248,7 +279,10 @@ def run_end(status: int, evidence: RunEvidence) -> tuple[int, ExitCause, str]:
     launcher's own cases, stopped on request, left behind, terminated, come first).
 
     A trainer that completed makes the run COMPLETED whatever ``srun`` says (a rank was seen
-    to die with SIGABRT after the last step). With status 0, a trainer that began and never
+    to die with SIGABRT after the last step). Otherwise, a run Slurm itself ended (one of its
+    nodes DOWN, the job requeued or no longer running: ``slurm_ended``) was aborted whatever
+    ``srun``'s status: after "Node failure on N", srun exits 0 on Slurm 22.05 and 1 on 26.05.
+    With status 0, a trainer that began and never
     ended by itself was killed under ``srun`` (a node failure): not the job's doing, and the
     launcher exits :data:`EXIT_ABORTED` so Slurm does not record a completion. With a non-zero
     status, a run whose tasks never started, or whose rendezvous failed, was not launched by
@@ -257,6 +291,11 @@ def run_end(status: int, evidence: RunEvidence) -> tuple[int, ExitCause, str]:
     is all there is.
     """
     training = evidence.training
+    completed = training is not None and training.end == "completed"
+    if evidence.slurm_ended and not completed:
+        return EXIT_ABORTED, ExitCause.ABORTED, (
+            f"srun exited {status} and Slurm ended the run under it: {evidence.slurm_ended}"
+        )  # fmt: skip
     if training is not None and training.end == "completed":
         after = "" if status == EXIT_OK else f" (srun exited {status} after it)"
         return (
@@ -432,4 +471,5 @@ def dumps(evidence: RunEvidence) -> str:
         "tasks_started": evidence.tasks_started,
         "rendezvous_failures": len(evidence.rendezvous_failures),
         "training": None if training is None else {"steps": training.steps, "end": training.end},
+        "slurm_ended": evidence.slurm_ended,
     })  # fmt: skip

@@ -54,6 +54,11 @@ def test_slurm_conf_has_one_port_per_node_and_a_partition_per_type() -> None:
     partitions = {r["PartitionName"]: r for r in records if "PartitionName" in r}
     assert partitions["a100"]["Nodes"] == "a100-1,a100-2" and partitions["a100"]["Default"] == "YES"
     assert partitions["t4"]["Nodes"] == "t4-1" and partitions["t4"]["Default"] == "NO"
+    # One hidden partition of a higher tier over every node preempts (requeues) the others.
+    urgent = partitions["urgent"]
+    assert (urgent["Nodes"], urgent["PriorityTier"], urgent["Hidden"]) == ("ALL", "10", "YES")
+    assert {partitions[p]["PriorityTier"] for p in ("a100", "t4")} == {"1"}
+    assert "PreemptType=preempt/partition_prio" in text and "PreemptMode=REQUEUE" in text
     assert "SlurmctldPort=7000" in text and "SlurmctldHost=box(127.0.0.1)" in text
     assert "AuthInfo=socket=/srv/dev/run/munge.socket,cred_expire=30" in text
     assert "GresTypes=gpu" in text

@@ -120,6 +120,10 @@ class ClusterLayout:
         return [self.gpu_dir / f"{node}-nvidia{i}" for i in range(count)]
 
 
+# A hidden partition over every node whose jobs preempt (requeue) the managed partitions'.
+PREEMPTING_PARTITION = "urgent"
+
+
 def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
     root = layout.root
     lines = [
@@ -167,6 +171,11 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         "GresTypes=gpu",
         "SlurmdParameters=config_overrides",
         f"Prolog={layout.prolog}",
+        # Preemption as sites run it: jobs of a higher PriorityTier partition requeue those of
+        # the managed partitions (PreemptMode=REQUEUE) on the nodes they need. The hidden
+        # partition below is the only higher tier; nothing uses it unless asked.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
     ]
     index = 0
     for group in spec.groups:
@@ -183,8 +192,12 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         nodes = ",".join(group.node_names())
         lines.append(
             f"PartitionName={group.partition} Nodes={nodes} Default={default} "
-            "MaxTime=INFINITE State=UP"
+            "MaxTime=INFINITE State=UP PriorityTier=1"
         )
+    lines.append(
+        f"PartitionName={PREEMPTING_PARTITION} Nodes=ALL Default=NO MaxTime=INFINITE State=UP "
+        "PriorityTier=10 Hidden=YES"
+    )
     return "\n".join(lines) + "\n"
 
 

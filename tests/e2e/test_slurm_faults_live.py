@@ -45,6 +45,7 @@ if str(REPO) not in sys.path:
 
 from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.devcluster.render import PREEMPTING_PARTITION  # noqa: E402
 from sia_slurm.protocol import JobSpec, StatePaths, exit_name, write_document  # noqa: E402
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
@@ -623,3 +624,40 @@ def test_a_submission_slurm_never_kept_is_said_not_lost_silently(faults: Faults)
         faults.wait(lambda: faults.reporting("maybe"), "the job Slurm kept to run")
         faults.finish_all()
         faults.check_completed_once()
+
+
+def test_a_job_preempted_by_a_higher_tier_is_brought_back(faults: Faults) -> None:
+    """Issue 18 item 2: preemption. A job of the hidden higher-tier partition needs every GPU
+    of the node a managed job runs on; Slurm requeues the managed job (PreemptMode=REQUEUE)
+    and starts the urgent one. That is no failure of the job: the controller holds the
+    requeued job and starts it again on a free node from its checkpoint, and it completes
+    once."""
+    site, loop = faults.site, faults.loop
+    site.submit("pre", max_gpus=2)
+    loop.start()
+    faults.wait(
+        lambda: faults.gpus("pre") == 2 and faults.settled(time.time() - 1),
+        "the job at its cap, then a quiet round",
+    )
+    (victim,) = faults.where("pre")
+    before = len(faults.runs("pre"))
+    groups = DevClusterSpec.parse(DEFAULT_SPEC).groups
+    gpus = next(g for g in groups if victim in g.node_names()).gpus_per_node
+    argv = ["sbatch", "--parsable", "-p", PREEMPTING_PARTITION, "-w", victim,
+            f"--gpus-per-node={gpus}", "-o", "/dev/null", "--wrap", "sleep 20"]  # fmt: skip
+    preempted = time.time()
+    urgent = site.run(argv).strip()
+    site.slurm_ids.append(urgent)
+    faults.wait(lambda: site.slurm_job(urgent)["JobState"] == "RUNNING", "the urgent job to run")
+    log = faults.cluster.layout.slurmctld_log
+    faults.wait(
+        lambda: f"preempted JobId={site.slurm_ids[0]} " in log.read_text(errors="replace"),
+        "Slurm to preempt the managed job (slurmctld.log)",
+    )
+    resumed = faults.wait(lambda: faults.reporting("pre", after=preempted), "the job back", 180)
+    assert victim not in site.run(["scontrol", "show", "hostnames", resumed["node_list"]])
+    assert len(faults.runs("pre")) > before
+    record = json.loads(site.paths.slurm_record("pre").read_text())
+    assert not record.get("failed_runs"), record  # never counted as the job's own failure
+    faults.finish_all()
+    faults.check_completed_once()

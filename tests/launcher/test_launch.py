@@ -380,6 +380,7 @@ def test_every_run_leaves_how_it_ended_for_the_controller(
     monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
     monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
     monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
+    monkeypatch.setattr(launcher.launch, "slurm_ended", lambda *a: "")  # a healthy cluster
 
     def run(self: _FakeChild) -> int:
         if training is not None:

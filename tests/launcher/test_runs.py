@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from launcher.runs import (
     read_evidence,
     reserve_port,
     run_end,
+    slurm_ended,
     stopped_on_request,
     superseded_by,
     write_training,
@@ -36,6 +38,7 @@ from sia_slurm.protocol import (
     StopRequest,
     write_document,
 )
+from sia_slurm.slurm.runner import CommandError, CommandResult
 
 
 def assignment(**overrides: object) -> Assignment:
@@ -290,3 +293,53 @@ def test_the_trainer_says_how_its_process_ended(tmp_path: Path, body: str, end: 
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, check=False)
     assert read_evidence(tmp_path, "41", 1).training == TrainingRecord(33, end)
+
+
+class ScontrolRunner:
+    """``scontrol -o show job|node`` answers, or a failure when Slurm cannot be reached."""
+
+    def __init__(self, job: str, nodes: str, fail: bool = False) -> None:
+        self.answers = {"job": job, "node": nodes}
+        self.fail = fail
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
+        self.calls.append(list(argv))
+        if self.fail:
+            raise CommandError(argv, 1, "slurm_load_jobs error: Unable to contact slurm controller")
+        return CommandResult(tuple(argv), 0, self.answers[argv[3]], "")
+
+
+RUNNING = "JobId=41 JobName=x JobState=RUNNING Reason=None Restarts=1 NodeList=t4-1"
+NODE_OK = "NodeName=t4-1 Arch=x86_64 CoresPerSocket=1 State=MIXED ThreadsPerCore=1"
+
+
+@pytest.mark.parametrize(
+    ("job", "nodes", "said"),
+    [
+        (RUNNING, NODE_OK, ""),  # the run ended by itself: Slurm still runs this batch step
+        (RUNNING.replace("RUNNING", "PENDING").replace("None", "BeginTime"), NODE_OK,
+         "job 41 is PENDING (reason BeginTime, restarts 1)"),  # requeued after a node failure
+        (RUNNING.replace("Restarts=1", "Restarts=2"), NODE_OK, "restarts 2"),
+        (RUNNING, NODE_OK.replace("MIXED", "DOWN+NOT_RESPONDING"), "node t4-1 DOWN+NOT_RESPONDING"),
+        (RUNNING, NODE_OK.replace("MIXED", "IDLE+DRAIN"), ""),  # drained: it still runs jobs
+    ],
+)  # fmt: skip
+def test_slurm_says_when_it_ended_a_run_under_srun(job: str, nodes: str, said: str) -> None:
+    runner = ScontrolRunner(job, nodes)
+    answer = slurm_ended(runner, "41", 1, "t4-1")
+    assert (said in answer) if said else answer == ""
+    assert runner.calls == [
+        ["scontrol", "-o", "show", "job", "41"], ["scontrol", "-o", "show", "node", "t4-1"]
+    ]  # fmt: skip
+    assert slurm_ended(ScontrolRunner(job, nodes, fail=True), "41", 1, "t4-1") == ""
+
+
+def test_a_run_slurm_ended_is_aborted_whatever_srun_says() -> None:
+    """After "Node failure on N" srun exits 0 on 22.05 and 1 on 26.05 (both seen)."""
+    for status in (0, 1):
+        evidence = RunEvidence(1, (), TrainingRecord(5), slurm_ended="node t4-1 DOWN")
+        code, cause, message = run_end(status, evidence)
+        assert (code, cause) == (EXIT_ABORTED, ExitCause.ABORTED) and "t4-1 DOWN" in message
+    completed = RunEvidence(1, (), TrainingRecord(90, "completed"), slurm_ended="node t4-1 DOWN")
+    assert run_end(1, completed)[1] is ExitCause.COMPLETED  # it finished before its node died
