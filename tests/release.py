@@ -19,3 +19,13 @@ TEST_SLURM = os.environ.get("SIA_TEST_SLURM", "system")
 TEST_RELEASE = "22.05" if TEST_SLURM == "system" else TEST_SLURM
 # How `scontrol show job` prints TresPerNode's GPUs: gres:gpu:2 on 22.05, gres/gpu:2 from 24.11.
 TRES_GPU = "gres:gpu" if TEST_RELEASE == "22.05" else "gres/gpu"
+
+
+def quiet_ports(count: int) -> range:
+    """``count`` TCP ports only this session's tests use (27000-27999, outside the dev
+    clusters' ports, the rendezvous range 29500-32767 where jobs of every session reserve
+    ports, and the kernel's ephemeral range), for tests that need ports no one else binds."""
+    if count > 10:
+        raise ValueError(f"quiet_ports: at most 10 ports per session, asked {count}")
+    start = 27000 + ((TEST_PORT_BASE // 100) % 100) * 10
+    return range(start, start + count)

@@ -39,6 +39,7 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.slurm.runner import CommandError, CommandResult
+from tests.release import quiet_ports
 
 
 def assignment(**overrides: object) -> Assignment:
@@ -220,22 +221,21 @@ def test_the_rendezvous_port_is_free_and_never_one_the_kernel_hands_out() -> Non
     held = reserve_port(7)
     assert held.port in RDZV_PORTS and held.port < low
     held.release()
-    # A range no other test session uses (their rendezvous ports are random in 29500-32767,
-    # and these tests hold what they reserve only for a moment).
-    quiet = range(32600, 32620)
+    # Ports only this session uses: jobs of every session reserve ports in RDZV_PORTS.
+    quiet = quiet_ports(6)
     first = reserve_port(3, quiet)
-    assert first.port == 32603  # starts at the seed's position
+    assert first.port == quiet[3]  # starts at the seed's position
     second = reserve_port(3, quiet)
-    assert second.port == 32604  # reserved ports are skipped while held...
+    assert second.port == quiet[4]  # reserved ports are skipped while held...
     first.release()
-    again = reserve_port(23, quiet)
-    assert again.port == 32603  # ...and free again once released (modulo the range)
+    again = reserve_port(3 + len(quiet), quiet)
+    assert again.port == quiet[3]  # ...and free again once released (modulo the range)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         again.release()
-        taken.bind(("", 32603))
+        taken.bind(("", quiet[3]))
         taken.listen()
         third = reserve_port(3, quiet)
-        assert third.port == 32605  # bound by someone: skipped; 32604 still held
+        assert third.port == quiet[5]  # bound by someone: skipped; quiet[4] still held
     for reservation in (second, third):
         reservation.release()
     with pytest.raises(RunError, match="ephemeral range"):
@@ -245,24 +245,25 @@ def test_the_rendezvous_port_is_free_and_never_one_the_kernel_hands_out() -> Non
 def test_a_reservation_holds_across_processes_and_dies_with_its_holder() -> None:
     """Two launchers of any users on one node: the reservation is an abstract Unix socket,
     so another process sees it held, and the kernel frees it when its holder dies."""
-    quiet = range(32620, 32622)
+    quiet = quiet_ports(8)[6:]
     code = (
         "import sys; from launcher.runs import reserve_port;"
-        "r = reserve_port(0, range(32620, 32622)); print(r.port, flush=True); sys.stdin.read()"
+        f"r = reserve_port(0, range({quiet.start}, {quiet.stop})); print(r.port, flush=True);"
+        "sys.stdin.read()"
     )
     holder = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "32620"
+        assert holder.stdout is not None and holder.stdout.readline().strip() == str(quiet[0])
         mine = reserve_port(0, quiet)
-        assert mine.port == 32621
+        assert mine.port == quiet[1]
         mine.release()
     finally:
         holder.kill()
         holder.wait()
     mine = reserve_port(0, quiet)
-    assert mine.port == 32620
+    assert mine.port == quiet[0]
     mine.release()
 
 
