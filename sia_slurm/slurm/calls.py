@@ -29,8 +29,13 @@ logger = logging.getLogger(__name__)
 # took 1 to over 10. The stale errno can be EINTR too ("Interrupted system call", seen on
 # 24.11.5 under load). Sites with slurmdbd find the association and are not affected.
 STALE_ERRNO_MESSAGES = ("Resource temporarily unavailable", "Interrupted system call")
+# Sent again after 0.1 s, doubling up to 1 s: about 27 s in all over 30 tries. A fixed 0.1 s
+# (3 s in all) was not enough at load average 15 on 26.05 (all 30 refused, in the test suite
+# beside three other sessions): the errno left over is EAGAIN as long as the RPC threads are
+# busy, so the tries must outlast a busy spell, not come faster.
 UPDATE_TRIES = 30
 UPDATE_PAUSE_S = 0.1
+UPDATE_MAX_PAUSE_S = 1.0
 
 
 class SlurmCalls:
@@ -44,8 +49,8 @@ class SlurmCalls:
     def run(self, argv: list[str]) -> str:
         """Run a command that must succeed (:class:`CommandError` otherwise); its stdout. An
         ``scontrol update`` refused with a stale errno is sent again after
-        :data:`UPDATE_PAUSE_S`, up to :data:`UPDATE_TRIES` times (see
-        :data:`STALE_ERRNO_MESSAGES`)."""
+        :data:`UPDATE_PAUSE_S`, doubling up to :data:`UPDATE_MAX_PAUSE_S`, up to
+        :data:`UPDATE_TRIES` times (see :data:`STALE_ERRNO_MESSAGES`)."""
         for attempt in range(1, UPDATE_TRIES + 1):
             try:
                 return self.runner.run(argv).stdout
@@ -53,7 +58,7 @@ class SlurmCalls:
                 if attempt == UPDATE_TRIES or not refused_for_now(argv, exc.stderr):
                     raise
                 logger.info("%s: refused (%s), try %d", " ".join(argv), exc.stderr, attempt)
-                self._pause(UPDATE_PAUSE_S)
+                self._pause(min(UPDATE_PAUSE_S * 2 ** (attempt - 1), UPDATE_MAX_PAUSE_S))
         raise AssertionError("unreachable")
 
     def run_quiet(self, argv: list[str]) -> None:

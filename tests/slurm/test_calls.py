@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from sia_slurm.slurm.calls import UPDATE_PAUSE_S, UPDATE_TRIES, SlurmCalls
+from sia_slurm.slurm.calls import UPDATE_MAX_PAUSE_S, UPDATE_PAUSE_S, UPDATE_TRIES, SlurmCalls
 from sia_slurm.slurm.runner import CommandError, CommandResult
 
 EAGAIN = "Resource temporarily unavailable for job 7\n"  # 24.11.5's exact stderr
@@ -36,7 +36,7 @@ def test_an_update_refused_for_now_is_sent_again() -> None:
     pauses: list[float] = []
     assert SlurmCalls(runner, pauses.append).run(UPDATE) == "done"
     assert runner.calls == [UPDATE] * 4
-    assert pauses == [UPDATE_PAUSE_S] * 3
+    assert pauses == [UPDATE_PAUSE_S, 2 * UPDATE_PAUSE_S, 4 * UPDATE_PAUSE_S]  # backing off
 
 
 def test_a_stale_eintr_is_sent_again_too() -> None:
@@ -46,10 +46,13 @@ def test_a_stale_eintr_is_sent_again_too() -> None:
 
 
 def test_it_gives_up_after_the_last_try() -> None:
+    """The pauses outlast a busy spell of slurmctld (about 27 s in all), none over 1 s."""
     runner = Refusing(UPDATE_TRIES)
+    pauses: list[float] = []
     with pytest.raises(CommandError, match="Resource temporarily unavailable"):
-        SlurmCalls(runner, lambda s: None).run(UPDATE)
+        SlurmCalls(runner, pauses.append).run(UPDATE)
     assert len(runner.calls) == UPDATE_TRIES
+    assert max(pauses) == UPDATE_MAX_PAUSE_S and 20 < sum(pauses) < 30
 
 
 @pytest.mark.parametrize(
