@@ -161,7 +161,27 @@ class Site:
                 if check():
                     return
                 time.sleep(0.5)
-        raise AssertionError(f"not {what} after {rounds} rounds:\n{self.log_text()[-4000:]}")
+        raise AssertionError(f"not {what} after {rounds} rounds:\n{self.diagnosis()}")
+
+    def diagnosis(self) -> str:
+        """What a failed wait shows: Slurm's jobs and the GPUs its nodes count as used (a
+        pinned job waits when fewer GPUs of its type are free than it needs), the
+        controller's status, and the end of its log."""
+        runner = self.cluster.runner()
+        squeue = runner.run(["squeue", "-o", "%i %u %P %T %r %D %N %b %k"], check=False)
+        nodes = runner.run(["scontrol", "-d", "-o", "show", "node"], check=False).stdout
+        used = [
+            " ".join(f for f in line.split() if f.split("=")[0] in NODE_FIELDS)
+            for line in nodes.splitlines()
+        ]
+        status = subprocess.run(
+            [PYTHON, "-m", "sia_slurm.cli", "status", "--config", str(self.config)],
+            env=self.env, capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        return "\n".join([
+            "squeue:", squeue.stdout, "nodes:", *used, "status:", status.stdout + status.stderr,
+            "controller log:", self.log_text()[-4000:],
+        ])  # fmt: skip
 
     def under_control(self, job_id: str, sia_id: str) -> bool:
         """Running as granted, or waiting under the controller's hold (not its user's)."""
@@ -178,6 +198,9 @@ class Site:
             == (job.job_id, job.restart_count)
             and job.partition == assignment.partition
         )
+
+
+NODE_FIELDS = ("NodeName", "State", "CPUAlloc", "Gres", "GresUsed", "Reason")
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 90.0) -> T:
