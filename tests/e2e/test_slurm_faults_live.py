@@ -228,6 +228,21 @@ class Faults:
             return max(_log_time(line) for line in lines)
         return 0.0
 
+    def why_restarted(self, since: float) -> str:
+        """What a test that saw a running job restarted needs to tell who restarted it: the
+        controller's actions and warnings after ``since``, and slurmctld's lines about
+        requeues, node timeouts and kills."""
+        ours = [
+            line.get("message", "")
+            for line in self.loop.lines()
+            if _log_time(line) > since
+            and (line.get("event") == "action" or line.get("level") in ("warning", "error"))
+        ]
+        words = ("equeu", "not responding", "DOWN", "NodeFail", "kill", "Kill", "preempt")
+        log = self.cluster.layout.slurmctld_log.read_text(errors="replace").splitlines()
+        slurm = [line for line in log if any(word in line for word in words)]
+        return "\n".join(["controller:", *ours[-40:], "slurmctld:", *slurm[-40:]])
+
     def gpus(self, sia_id: str) -> int:
         """GPUs of the job's latest run (0 before it starts)."""
         runs = self.runs(sia_id)
@@ -403,7 +418,8 @@ def test_slurmctld_killed_while_jobs_run_and_right_after_a_move(faults: Faults) 
     cluster.start_slurmctld()
     back = time.time()
     faults.wait(lambda: faults.settled(back), "a quiet round after slurmctld is back")
-    assert {j: len(faults.runs(j)) for j in runs} == runs, "a running job was restarted"
+    now_runs = {j: len(faults.runs(j)) for j in runs}
+    assert now_runs == runs, f"a running job was restarted:\n{faults.why_restarted(killed)}"
     print("outage 1:", loop.failures(killed)[-1])
 
     # ... and again, started again at once (commands wait for it; nothing need fail).
@@ -411,7 +427,8 @@ def test_slurmctld_killed_while_jobs_run_and_right_after_a_move(faults: Faults) 
     cluster.restart_slurmctld()
     back = time.time()
     faults.wait(lambda: faults.settled(back), "a quiet round after the quick restart")
-    assert {j: len(faults.runs(j)) for j in runs} == runs, "a running job was restarted"
+    now_runs = {j: len(faults.runs(j)) for j in runs}
+    assert now_runs == runs, f"a running job was restarted:\n{faults.why_restarted(back)}"
 
     # 2. Their nodes are drained: the next round moves both; slurmctld dies right after the
     # moves' release (before the relaunch, as Slurm relaunches, once running), and again.
