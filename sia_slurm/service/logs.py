@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start
+from sia_slurm.cluster import Action, Move, Rebatch, Start
 from sia_slurm.controller import Decision
 from sia_slurm.state.codec import action_kind
 
@@ -127,8 +127,3 @@ def log_action(action: Action, result: str, message: str = "", *, journal_id: in
         **fields,
     )
 
-
-def log_result(result: ActionResult, journal_id: int = 0) -> None:
-    log_action(
-        result.action, "done" if result.ok else "failed", result.message, journal_id=journal_id
-    )
