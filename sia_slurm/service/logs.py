@@ -126,4 +126,3 @@ def log_action(action: Action, result: str, message: str = "", *, journal_id: in
         journal_id=journal_id,
         **fields,
     )
-
