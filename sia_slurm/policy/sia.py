@@ -34,7 +34,8 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
 from sia_slurm.policy.settings import SiaPolicyConfig
-from sia_slurm.policy.sia_milp import Program, solve
+from sia_slurm.policy.sia_milp import Program
+from sia_slurm.policy.sia_solve import solve
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +300,12 @@ class SiaPolicy:
             build_columns(policy_input, self.config), cluster, policy_input.round_index
         )
         assembled = assemble(columns, cluster)
-        result = solve(assembled.program, self.config.time_limit_s, self.config.mip_rel_gap)
+        result = solve(
+            assembled.program,
+            self.config.time_limit_s,
+            self.config.mip_rel_gap,
+            self.config.accept_gap,
+        )
         status, message = result.status, result.message
         if result.chosen is None:
             logger.warning(

@@ -16,7 +16,7 @@ from sia_slurm.policy.sia import SiaPolicy, SiaPolicyConfig
 from sia_slurm.policy.sia_milp import ProgramResult
 from sia_slurm.policy.testing import SyntheticEstimator, TableEstimator, make_cluster
 
-NO_CAP = SiaPolicyConfig(growth_factor=None, mip_rel_gap=0.0)
+NO_CAP = SiaPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
 
 
 def job(job_id: str, estimator, **kwargs) -> JobView:
@@ -251,4 +251,4 @@ def test_capacity_is_respected_at_scale():
     allocation = solve(cluster, jobs, SiaPolicyConfig())
     used = allocation.gpus_used()
     assert all(used[t] <= cluster.types[t].capacity for t in used)
-    assert allocation.info.status == "optimal"
+    assert allocation.info.status in ("optimal", "near-optimal")
