@@ -4,7 +4,7 @@ Relaxing the coupling rows (GPUs per type, any extra shared limit) with prices `
 splits the program into one tiny problem per job, "take your cheapest column at these prices, or
 nothing":
 
-    L(mu) = sum_i min(0, min_j c_ij + usage_j @ mu) - mu @ capacity
+    L(mu) = sum_i min(0, min_j c_ij + mu @ coupling[:, j]) - mu @ capacity
 
 ``L(mu)`` is a lower bound on the optimum for every ``mu >= 0``, and its maximum is the LP
 relaxation's optimum: the maximising prices are the LP's duals. At those prices every job whose
@@ -51,7 +51,7 @@ def group_min(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 def adjusted_cost(program: Program, prices: np.ndarray) -> np.ndarray:
     """Each column's cost plus the price of the capacity it takes."""
-    return program.cost + program.usage @ prices
+    return program.priced(prices)
 
 
 def job_minimum(program: Program, adjusted: np.ndarray) -> np.ndarray:
@@ -80,10 +80,11 @@ def smoothed_dual(
     total = np.add.reduceat(weight, groups.starts) + np.exp(low / tau)
     value = float(np.sum(low - tau * np.log(total)) - prices @ program.capacity)
     share = weight / total[groups.segment]
-    weighted = program.usage * share[:, None]
-    usage = np.add.reduceat(weighted, groups.starts, axis=0)  # (groups, rows)
-    gradient = usage.sum(axis=0) - program.capacity
-    hessian = (usage.T @ usage - program.usage.T @ weighted) / tau
+    weighted = program.coupling * share  # (rows, columns)
+    usage = np.add.reduceat(weighted, groups.starts, axis=1)  # (rows, groups): expected use
+    gradient = usage.sum(axis=1) - program.capacity
+    own = np.einsum("rj,sj->rs", weighted, program.coupling)
+    hessian = (np.einsum("rg,sg->rs", usage, usage) - own) / tau
     return value, gradient, hessian
 
 

@@ -2,8 +2,8 @@
 
 The program is a multiple-choice knapsack: at most one column (configuration) per job, and a few
 *coupling rows* shared by all jobs: the GPUs of each type, plus any other shared limit a caller
-adds (:class:`CouplingRows`, e.g. a per-account GPU cap). ``usage[j, r]`` is how much of row
-``r``'s capacity column ``j`` takes. Everything else (prices, bounds, the decomposition that
+adds (:class:`CouplingRows`, e.g. a per-account GPU cap). ``coupling[r, j]`` is how much of
+row ``r``'s capacity column ``j`` takes. Everything else (prices, bounds, the decomposition that
 keeps HiGHS's problems small) lives in :mod:`.sia_dual` and :mod:`.sia_solve`.
 """
 
@@ -24,25 +24,27 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CouplingRows:
-    """Extra coupling rows: ``usage[j, r]`` of column ``j`` (in the caller's column order) on
-    row ``r``, whose total may not exceed ``capacity[r]``."""
+    """Extra coupling rows: ``coupling[r, j]`` of row ``r`` taken by column ``j`` (in the
+    caller's column order); row ``r``'s total may not exceed ``capacity[r]``."""
 
-    usage: np.ndarray  # (columns, rows) float64
+    coupling: np.ndarray  # (rows, columns) float64
     capacity: np.ndarray  # (rows,) float64
 
 
 @dataclass(frozen=True)
 class Program:
     """``minimise cost @ x`` over binary ``x``: at most one column per job and
-    ``usage.T @ x <= capacity`` (one coupling row per GPU type first, then any extra rows).
+    ``coupling @ x <= capacity`` (one coupling row per GPU type first, then any extra rows).
 
-    Columns are sorted by (job, type); ``job`` indexes jobs ``0..n_jobs-1``. ``usage`` is dense:
-    the rows are a handful (GPU types plus a few shared limits), the columns many.
+    Columns are sorted by (job, type); ``job`` indexes jobs ``0..n_jobs-1``. ``coupling`` is
+    dense, one contiguous array per row: the rows are a handful (GPU types plus a few shared
+    limits), the columns many, and products with it are written as per-row loops (no BLAS call,
+    whose threads slowed down tenfold on a loaded 2-core machine).
     """
 
     cost: np.ndarray  # float64, < 0 (a column that does not beat "no allocation" is left out)
     job: np.ndarray  # int, sorted
-    usage: np.ndarray  # (size, rows) float64
+    coupling: np.ndarray  # (rows, size) float64
     capacity: np.ndarray  # (rows,) float64
     n_jobs: int
 
@@ -59,13 +61,13 @@ class Program:
         """A program with one GPU row per entry of ``capacity`` (``gpus`` on row ``gpu_type``)
         and the ``extra`` rows after them, columns sorted by (job, type); and that permutation."""
         order = np.lexsort((gpu_type, job))
-        usage = np.zeros((cost.size, capacity.size))
-        usage[np.arange(cost.size), gpu_type] = gpus
+        coupling = np.zeros((capacity.size, cost.size))
+        coupling[gpu_type[order], np.arange(cost.size)] = gpus[order]
         limits = np.asarray(capacity, dtype=np.float64)
         if extra is not None:
-            usage = np.hstack([usage, extra.usage])
+            coupling = np.vstack([coupling, extra.coupling[:, order]])
             limits = np.r_[limits, extra.capacity]
-        program = Program(cost[order], job[order], usage[order], limits, n_jobs)
+        program = Program(cost[order], job[order], coupling, limits, n_jobs)
         return program, order
 
     @property
@@ -74,8 +76,20 @@ class Program:
 
     def subset(self, keep: np.ndarray) -> Program:
         return Program(
-            self.cost[keep], self.job[keep], self.usage[keep], self.capacity, self.n_jobs
+            self.cost[keep], self.job[keep], self.coupling[:, keep], self.capacity, self.n_jobs
         )
+
+    def used(self, chosen: np.ndarray) -> np.ndarray:
+        """Each coupling row's total over the ``chosen`` columns (a mask or indices)."""
+        return np.array([row[chosen].sum() for row in self.coupling])
+
+    def priced(self, prices: np.ndarray) -> np.ndarray:
+        """Each column's cost plus the price of the capacity it takes."""
+        adjusted = self.cost.copy()
+        for row, price in zip(self.coupling, prices.tolist(), strict=True):
+            if price:
+                adjusted += price * row
+        return adjusted
 
     def objective(self, chosen: np.ndarray) -> float:
         return float(self.cost[chosen].sum())
@@ -83,15 +97,15 @@ class Program:
     def feasible(self, chosen: np.ndarray, tolerance: float = 1e-9) -> bool:
         """At most one column per job and every coupling row within its capacity."""
         once = np.bincount(self.job[chosen], minlength=self.n_jobs).max(initial=0) <= 1
-        return bool(once and (self.usage[chosen].sum(axis=0) <= self.capacity + tolerance).all())
+        return bool(once and (self.used(chosen) <= self.capacity + tolerance).all())
 
     def matrix(self) -> sparse.csr_array:
         """Job rows (coefficient 1) stacked over the coupling rows."""
         n = self.size
-        column, row = np.nonzero(self.usage)
+        row, column = np.nonzero(self.coupling)
         rows = np.concatenate([self.job, self.n_jobs + row])
         cols = np.concatenate([np.arange(n), column])
-        data = np.concatenate([np.ones(n), self.usage[column, row]])
+        data = np.concatenate([np.ones(n), self.coupling[row, column]])
         shape = (self.n_jobs + self.capacity.size, n)
         return sparse.csr_array((data, (rows, cols)), shape=shape)
 
@@ -119,10 +133,10 @@ def highs(program: Program, time_limit_s: float, mip_rel_gap: float) -> ProgramR
     job_row = np.cumsum(counts > 1) - 1
     multi = counts[program.job] > 1
     n_rows = int((counts > 1).sum())
-    column, row = np.nonzero(program.usage)
+    row, column = np.nonzero(program.coupling)
     matrix = sparse.csr_array(
         (
-            np.r_[np.ones(int(multi.sum())), program.usage[column, row]],
+            np.r_[np.ones(int(multi.sum())), program.coupling[row, column]],
             (
                 np.r_[job_row[program.job[multi]], n_rows + row],
                 np.r_[np.flatnonzero(multi), column],

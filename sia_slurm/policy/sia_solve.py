@@ -49,13 +49,14 @@ def fix_choice(
     for _ in range(program.capacity.size + 1):
         fixed_jobs = np.flatnonzero(~free & (pricing.best >= 0))
         columns = pricing.best[fixed_jobs]
-        used = program.usage[columns].sum(axis=0)
+        used = program.used(columns)
         over = np.flatnonzero(used > program.capacity + TOLERANCE)
         if over.size == 0:
             break
         for row in over.tolist():
-            on_row = program.usage[columns, row] > 0
-            jobs, take = fixed_jobs[on_row], program.usage[columns[on_row], row]
+            take = program.coupling[row, columns]
+            on_row = take > 0
+            jobs, take = fixed_jobs[on_row], take[on_row]
             order = np.argsort(pricing.margin[jobs], kind="stable")
             # free the fewest jobs whose usage brings the row back within its capacity
             excess = used[row] - program.capacity[row]
@@ -91,7 +92,7 @@ def search(
     cheapest = np.zeros(program.size, dtype=bool)
     cheapest[pricing.best[free & (pricing.best >= 0)]] = True
     allowed = (columns | cheapest) & free[program.job]
-    left = program.capacity - program.usage[fixed].sum(axis=0)
+    left = program.capacity - program.used(fixed)
     gap = sub_gap(program, allowed, mip_rel_gap, pricing.bound)
     result = solve_subset(program, allowed, time_limit_s, gap, capacity=left)
     if result.chosen is None:

@@ -21,8 +21,8 @@ def random_program(seed: int, jobs: int, types: int, extra: CouplingRows | None 
                 gpu_type.append(t)
                 cost.append(-rng.uniform(0.05, 1.0) * (1 + 0.3 * k))
     capacity = rng.integers(1, 3 * jobs // types + 2, types).astype(float)
-    if extra is not None and extra.usage.shape[0] != len(cost):
-        extra = CouplingRows(extra.usage[: len(cost)], extra.capacity)
+    if extra is not None and extra.coupling.shape[1] != len(cost):
+        extra = CouplingRows(extra.coupling[:, : len(cost)], extra.capacity)
     program, _ = Program.build(
         np.array(cost), np.array(gpus), np.array(gpu_type), np.array(job), capacity, jobs, extra
     )
@@ -62,13 +62,13 @@ def test_extra_coupling_rows_are_respected_and_priced():
     HiGHS on the whole program."""
     rng = np.random.default_rng(5)
     size = 2000
-    usage = np.zeros((size, 1))
-    usage[rng.random(size) < 0.5, 0] = 1.0  # half the columns count against a limit of 5
-    program = random_program(11, jobs=60, types=3, extra=CouplingRows(usage, np.array([5.0])))
+    coupling = np.zeros((1, size))
+    coupling[0, rng.random(size) < 0.5] = 1.0  # half the columns count against a limit of 5
+    program = random_program(11, jobs=60, types=3, extra=CouplingRows(coupling, np.array([5.0])))
     assert program.capacity.size == 4
     result = sia_solve.solve(program, 10.0, 0.0, accept_gap=0.0)
     assert result.chosen is not None and program.feasible(result.chosen)
-    assert program.usage[result.chosen, 3].sum() <= 5.0
+    assert program.coupling[3, result.chosen].sum() <= 5.0
     assert program.objective(result.chosen) == pytest.approx(exact(program), abs=1e-9)
     assert sia_dual.lagrangian_prices(program)[3] > 0  # the limit binds, so it has a price
 
