@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from blas import single_threaded
 
 import sia_slurm.policy.sia as sia_policy
 from sia_slurm.core import JobKind
@@ -254,6 +255,7 @@ def print_scale(sizes: list[int], rounds: int, check: bool) -> None:
 
 
 def main() -> None:
+    single_threaded()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--only", default="sia,pollux,gavel")

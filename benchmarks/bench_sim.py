@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from blas import single_threaded
+
 import sia_slurm.policy.sia as sia_policy
 from sia_slurm.model.estimator import JobGoodputEstimator
 from sia_slurm.sim.inputs import load_inputs, load_sim_workloads
@@ -59,6 +61,7 @@ def instrument() -> None:
 
 
 def main() -> None:
+    single_threaded()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", type=Path, default=WORKLOAD)
     parser.add_argument("--policy", default="sia")

@@ -258,7 +258,10 @@ def job_state(value: Any) -> tuple[str, tuple[str, ...]]:
 
 def number(value: Any) -> float | None:
     """A number in either encoding; ``None`` for unset or infinite."""
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind is int or kind is float:  # the common cases first: 14 fields x 10,000 jobs
+        return value  # type: ignore[no-any-return]
+    if kind is dict or isinstance(value, Mapping):
         if not value.get("set", True) or value.get("infinite", False):
             return None
         value = value.get("number")
