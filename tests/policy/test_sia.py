@@ -252,3 +252,30 @@ def test_capacity_is_respected_at_scale():
     used = allocation.gpus_used()
     assert all(used[t] <= cluster.types[t].capacity for t in used)
     assert allocation.info.status in ("optimal", "near-optimal")
+
+
+def test_rows_are_batched_per_configuration_tuple_and_stay_aligned_with_jobs(monkeypatch):
+    """evaluate_rows: jobs sharing a tuple and an estimator class with ``evaluate_many`` are
+    scored in one call; the others one by one; every job gets its own row."""
+    cluster = make_cluster([("A", 2, 4), ("B", 1, 8)])
+    index = sia_module.ConfigIndex.of(cluster)
+    wide, narrow = index.between(1, 8), index.between(1, 2)
+    assert index.between(1, 8) is wide  # memoised: jobs with the same limits share the tuple
+    calls = []
+    original = SyntheticEstimator.evaluate_many
+
+    def counting(estimators, configs, *, fixed_batch=False):
+        calls.append(len(estimators))
+        return original(estimators, configs, fixed_batch=fixed_batch)
+
+    estimators = [SyntheticEstimator({"A": 1.0 + i, "B": 2.0 + i}) for i in range(4)]
+    table = TableEstimator(per_type={"A": {1: 7.0}})
+    jobs = [job(f"j{i}", e) for i, e in enumerate(estimators)] + [job("t", table)]
+    configs = [wide, narrow, wide, wide, wide]
+    monkeypatch.setattr(SyntheticEstimator, "evaluate_many", staticmethod(counting))
+    rows = sia_module.evaluate_rows(jobs, configs)
+    monkeypatch.undo()
+    assert sorted(calls) == [1, 3]  # j0, j2, j3 share `wide`; j1 alone on `narrow`
+    for i, e in enumerate(estimators):
+        np.testing.assert_array_equal(rows[i].goodput, e.evaluate(configs[i]).goodput)
+    assert rows[4].goodput[0] == 7.0  # A:1x1 from the table, evaluated on its own
