@@ -182,7 +182,8 @@ def main() -> None:
             f"max {per_round[-1] * 1e3:.1f} ms"
         )
     print(
-        f"result: avg JCT {metrics.avg_jct_h:.2f} h, makespan {metrics.makespan_h:.1f} h, "
+        f"result: avg JCT {metrics.avg_jct_h:.4f} h, p99 JCT {metrics.p99_jct_h:.2f} h, "
+        f"makespan {metrics.makespan_h:.2f} h, "
         f"{metrics.gpu_hours_per_job:.2f} GPU-h/job, {metrics.restarts_per_job:.2f} restarts/job"
     )
     goal = SCALED_GOAL_S if args.scale else GOAL_S
