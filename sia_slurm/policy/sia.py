@@ -35,7 +35,7 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
 from sia_slurm.policy.settings import SiaPolicyConfig
-from sia_slurm.policy.sia_milp import Program
+from sia_slurm.policy.sia_milp import CouplingRows, Program
 from sia_slurm.policy.sia_solve import solve
 
 logger = logging.getLogger(__name__)
@@ -284,10 +284,16 @@ class Assembled:
     fixed: dict[int, int]  # forced jobs: columns-list index -> config index
 
 
-def assemble(columns: list[JobColumns], cluster: ClusterView) -> Assembled:
+def assemble(
+    columns: list[JobColumns], cluster: ClusterView, extra: CouplingRows | None = None
+) -> Assembled:
     """Stack every job's useful columns (negative cost) into one program. Forced jobs take no
     variables: their configuration is fixed and their GPUs leave the capacity. Each distinct
-    configuration tuple is turned into arrays once; the rest is concatenation."""
+    configuration tuple is turned into arrays once; the rest is concatenation.
+
+    ``extra`` adds shared limits beyond the GPUs per type (e.g. an account's GPUs): its
+    ``coupling`` has one column per job configuration, jobs in ``columns`` order and each job's
+    in its ``configs`` order (forced jobs' GPUs included: subtract them from ``capacity``)."""
     type_index = {name: i for i, name in enumerate(cluster.gpu_types)}
     capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
     fixed: dict[int, int] = {}
@@ -329,6 +335,7 @@ def assemble(columns: list[JobColumns], cluster: ClusterView) -> Assembled:
         job=owner[keep],
         capacity=capacity,
         n_jobs=len(columns),
+        extra=None if extra is None else CouplingRows(extra.coupling[:, keep], extra.capacity),
     )
     return Assembled(program, owner[keep][order], position[keep][order], fixed)
 
