@@ -321,6 +321,28 @@ class JobGoodputEstimator:
             self._plans[key] = grid
         return choose_batch(grid, self._grad_stats, self._limits.init_batch_size)
 
+    @staticmethod
+    def evaluate_many(
+        estimators: Sequence[JobGoodputEstimator],
+        configs: Sequence[Configuration],
+        *,
+        fixed_batch: bool = False,
+    ) -> list[GoodputRow]:
+        """``[e.evaluate(configs, fixed_batch=...) for e in estimators]``, the same rows, in one
+        numpy pass per candidate count (:func:`evaluate_jobs`): how a policy scores the many
+        jobs that share a configuration list in one call."""
+        rows: list[GoodputRow | None] = [None] * len(estimators)
+        by_count: dict[int, list[int]] = {}
+        for i, estimator in enumerate(estimators):
+            by_count.setdefault(estimator._num_candidates, []).append(i)
+        for members in by_count.values():
+            batch = evaluate_jobs(
+                [estimators[i] for i in members], configs, fixed_batch=fixed_batch
+            )
+            for i, row in zip(members, batch, strict=True):
+                rows[i] = row
+        return rows  # type: ignore[return-value]
+
     def _type_table(self) -> _TypeTable:
         """Every fitted type as rows of arrays, so a row of configurations indexes, not loops."""
         if self._table is None:

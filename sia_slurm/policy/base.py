@@ -10,6 +10,7 @@ can be replayed from its input alone. Placement (node lists) is a separate stage
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -50,9 +51,10 @@ class GpuTypeView:
     num_nodes: int  # N_t, every node of the type
     usable_per_node: tuple[int, ...]  # usable GPUs of each node of the type, largest first
 
-    @property
+    @cached_property
     def capacity(self) -> int:
-        """Usable GPUs of the type, summed over its nodes."""
+        """Usable GPUs of the type, summed over its nodes (cached: the configuration set asks
+        once per configuration, and a 16,384-GPU cluster has thousands of nodes)."""
         return sum(self.usable_per_node)
 
     @property
@@ -61,8 +63,9 @@ class GpuTypeView:
         return self.usable_per_node[0]
 
     def nodes_with(self, gpus: int) -> int:
-        """How many of the type's nodes have at least ``gpus`` usable GPUs."""
-        return sum(usable >= gpus for usable in self.usable_per_node)
+        """How many of the type's nodes have at least ``gpus`` usable GPUs (a bisection: the
+        counts are sorted, largest first)."""
+        return bisect_right(self.usable_per_node, -gpus, key=lambda usable: -usable)
 
 
 @dataclass(frozen=True)

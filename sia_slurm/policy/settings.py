@@ -24,7 +24,9 @@ class SiaPolicyConfig:
     the simulator, 0.01 on the physical cluster); ``growth_factor`` caps a job at that multiple of
     the most GPUs it has run on (``None`` disables the cap); ``default_restart_cost`` is S for
     jobs without a measured restart cost; ``max_normalised_goodput`` clips normalised goodput
-    (the artifact's 3000) so ``G^p`` stays well scaled.
+    (the artifact's 3000) so ``G^p`` stays well scaled. ``accept_gap``: a solution within this
+    relative distance of the LP bound is taken without proving it optimal (0: always prove;
+    :mod:`sia_slurm.policy.sia_solve`); ``mip_rel_gap`` is HiGHS's own gap where it searches.
     """
 
     p: float = -0.5
@@ -35,6 +37,7 @@ class SiaPolicyConfig:
     max_normalised_goodput: float | None = 3000.0
     time_limit_s: float = 5.0
     mip_rel_gap: float = 1e-4
+    accept_gap: float = 1e-3
 
     def __post_init__(self) -> None:
         for error in validate_sia_config(self):
@@ -75,6 +78,8 @@ def validate_sia_config(config: SiaPolicyConfig) -> list[str]:
             "SiaPolicyConfig: expected time_limit_s > 0 and mip_rel_gap >= 0, got "
             f"time_limit_s={config.time_limit_s} mip_rel_gap={config.mip_rel_gap}"
         )
+    if not 0 <= config.accept_gap < 1:
+        errors.append(f"SiaPolicyConfig.accept_gap: expected 0 <= gap < 1, got {config.accept_gap}")
     return errors
 
 

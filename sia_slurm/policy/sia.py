@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +35,8 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
 from sia_slurm.policy.settings import SiaPolicyConfig
-from sia_slurm.policy.sia_milp import Program, solve
+from sia_slurm.policy.sia_milp import CouplingRows, Program
+from sia_slurm.policy.sia_solve import solve
 
 logger = logging.getLogger(__name__)
 
@@ -67,28 +69,52 @@ def gpu_limits(job: JobView, config: SiaPolicyConfig) -> tuple[int, float]:
 @dataclass(frozen=True)
 class ConfigIndex:
     """The cluster's configuration sets with their GPU counts, built once per round so that
-    selecting a job's range is a bisection rather than a scan."""
+    selecting a job's range is a bisection rather than a scan. Ranges and rigid shapes are
+    memoised for the round: jobs with the same limits share one tuple, which lets their goodput
+    rows be evaluated together (:func:`evaluate_rows`)."""
 
+    cluster: ClusterView
     sets: dict[str, tuple[Configuration, ...]]
     counts: dict[str, list[int]]
+    memo: dict[tuple[object, ...], tuple[Configuration, ...]] = field(default_factory=dict)
+    positions: dict[int, dict[Configuration, int]] = field(default_factory=dict)
 
     @staticmethod
     def of(cluster: ClusterView) -> ConfigIndex:
         sets = configuration_set(cluster)
-        return ConfigIndex(sets, {t: [c.gpus for c in configs] for t, configs in sets.items()})
+        counts = {t: [c.gpus for c in configs] for t, configs in sets.items()}
+        return ConfigIndex(cluster, sets, counts)
 
-    def between(self, low: float, high: float) -> list[Configuration]:
+    def between(self, low: float, high: float) -> tuple[Configuration, ...]:
         """Every type's configurations with ``low <= gpus <= high`` (sets are sorted by GPUs)."""
-        chosen: list[Configuration] = []
-        for gpu_type, configs in self.sets.items():
-            counts = self.counts[gpu_type]
-            chosen.extend(configs[bisect_left(counts, low) : bisect_right(counts, high)])
-        return chosen
+        key = ("range", low, high)
+        if key not in self.memo:
+            chosen: list[Configuration] = []
+            for gpu_type, configs in self.sets.items():
+                counts = self.counts[gpu_type]
+                chosen.extend(configs[bisect_left(counts, low) : bisect_right(counts, high)])
+            self.memo[key] = tuple(chosen)
+        return self.memo[key]
+
+    def shapes(self, types: tuple[str, ...], gpus: int) -> tuple[Configuration, ...]:
+        """The fewest-nodes shape of ``gpus`` GPUs on each of ``types`` where it fits."""
+        key = ("shape", types, gpus)
+        if key not in self.memo:
+            shapes = [shape_for(self.cluster.types[t], gpus) for t in types]
+            self.memo[key] = tuple(shape for shape in shapes if shape is not None)
+        return self.memo[key]
+
+    def position(self, configs: tuple[Configuration, ...], config: Configuration) -> int | None:
+        """Where ``config`` is in one of this index's tuples, if it is."""
+        table = self.positions.get(id(configs))
+        if table is None:
+            table = self.positions[id(configs)] = {c: i for i, c in enumerate(configs)}
+        return table.get(config)
 
 
 def candidate_configs(
     job: JobView, cluster: ClusterView, index: ConfigIndex, config: SiaPolicyConfig
-) -> tuple[list[Configuration], bool, int | None]:
+) -> tuple[tuple[Configuration, ...], bool, int | None]:
     """The configurations ``job`` may take this round, whether it must keep its current one,
     and the current one's position in the list (``None`` if not running or not a candidate).
 
@@ -100,23 +126,45 @@ def candidate_configs(
     current = job.current
     current_ok = current is not None and current.gpu_type in cluster.types
     if job.restoring or (job.kind is JobKind.PINNED and current is not None):
-        return ([current], True, 0) if current_ok else ([], False, None)
+        return ((current,), True, 0) if current_ok else ((), False, None)  # type: ignore[return-value]
     if job.kind in (JobKind.PINNED, JobKind.RIGID):
         types = cluster.gpu_types
         if job.kind is JobKind.PINNED and job.requested_gpu_type is not None:
             types = tuple(t for t in types if t == job.requested_gpu_type)
-        shapes = [shape_for(cluster.types[t], job.requested_gpus) for t in types]
-        configs = [shape for shape in shapes if shape is not None]
+        configs = index.shapes(types, job.requested_gpus)
     else:
         low, high = gpu_limits(job, config)
         configs = index.between(low, high)
     if not current_ok:
         return configs, False, None
-    for position, candidate in enumerate(configs):
-        if candidate.gpus == current.gpus and candidate == current:  # type: ignore[union-attr]
-            return configs, False, position
-    configs.append(current)  # type: ignore[arg-type]
-    return configs, False, len(configs) - 1
+    position = index.position(configs, current)  # type: ignore[arg-type]
+    if position is not None:
+        return configs, False, position
+    return (*configs, current), False, len(configs)  # type: ignore[return-value]
+
+
+def evaluate_rows(
+    jobs: list[JobView], configs: list[tuple[Configuration, ...]]
+) -> list[GoodputRow]:
+    """Every job's goodput row. Jobs whose estimator class offers ``evaluate_many(estimators,
+    configs, fixed_batch=...)`` and that share a configuration tuple are evaluated in one call
+    (one numpy pass instead of one per job: at 12,000 jobs the per-call overhead was the cost);
+    the others one by one."""
+    rows: list[GoodputRow | None] = [None] * len(jobs)
+    groups: dict[tuple[object, int, bool], list[int]] = {}
+    for i, (job, row_configs) in enumerate(zip(jobs, configs, strict=True)):
+        fixed = job.kind in FIXED_BATCH_KINDS
+        many = getattr(type(job.estimator), "evaluate_many", None)
+        if many is None:
+            rows[i] = job.estimator.evaluate(row_configs, fixed_batch=fixed)
+        else:
+            groups.setdefault((many, id(row_configs), fixed), []).append(i)
+    for (many, _, fixed), members in groups.items():
+        estimators = [jobs[i].estimator for i in members]
+        batch = many(estimators, configs[members[0]], fixed_batch=fixed)  # type: ignore[operator]
+        for i, row in zip(members, batch, strict=True):
+            rows[i] = row
+    return rows  # type: ignore[return-value]
 
 
 def column_costs(
@@ -167,7 +215,7 @@ def column_costs(
     return np.split(cost, starts[1:])
 
 
-def check_row(job: JobView, configs: list[Configuration], row: GoodputRow) -> None:
+def check_row(job: JobView, configs: Sequence[Configuration], row: GoodputRow) -> None:
     if np.shape(row.goodput) != (len(configs),):
         raise ValueError(
             f"job {job.job_id}: estimator returned {np.shape(row.goodput)} goodputs for "
@@ -176,30 +224,26 @@ def check_row(job: JobView, configs: list[Configuration], row: GoodputRow) -> No
 
 
 def build_columns(policy_input: PolicyInput, config: SiaPolicyConfig) -> list[JobColumns]:
-    """Score every job: one estimator call per job for its whole row."""
+    """Score every job: its candidate configurations, goodput row and column costs."""
     cluster = policy_input.cluster
     index = ConfigIndex.of(cluster)
-    scored: list[tuple[JobView, list[Configuration], bool, int | None, GoodputRow]] = []
+    scored: list[tuple[JobView, tuple[Configuration, ...], bool, int | None]] = []
     for job in policy_input.jobs:
         configs, forced, current = candidate_configs(job, cluster, index, config)
-        if not configs:
-            continue
-        row = job.estimator.evaluate(configs, fixed_batch=job.kind in FIXED_BATCH_KINDS)
-        check_row(job, configs, row)
-        scored.append((job, configs, forced and current is not None, current, row))
+        if configs:
+            scored.append((job, configs, forced and current is not None, current))
     if not scored:
         return []
-    costs = column_costs(
-        [item[0] for item in scored],
-        [item[3] for item in scored],
-        [item[4] for item in scored],
-        config,
-    )
+    jobs = [item[0] for item in scored]
+    rows = evaluate_rows(jobs, [item[1] for item in scored])
+    for (job, configs, _, _), row in zip(scored, rows, strict=True):
+        check_row(job, configs, row)
+    costs = column_costs(jobs, [item[3] for item in scored], rows, config)
     columns = []
-    for (job, configs, forced, current, row), cost in zip(scored, costs, strict=True):
+    for (job, configs, forced, current), row, cost in zip(scored, rows, costs, strict=True):
         if forced and np.isnan(cost[current]):
             cost[current] = 0.0  # kept even if the model predicts nothing there
-        columns.append(JobColumns(job, tuple(configs), row, cost, forced, current))
+        columns.append(JobColumns(job, configs, row, cost, forced, current))
     return columns
 
 
@@ -240,36 +284,60 @@ class Assembled:
     fixed: dict[int, int]  # forced jobs: columns-list index -> config index
 
 
-def assemble(columns: list[JobColumns], cluster: ClusterView) -> Assembled:
-    """Stack every job's useful columns (negative cost) into one sparse program. Forced jobs
-    take no variables: their configuration is fixed and their GPUs leave the capacity."""
+def assemble(
+    columns: list[JobColumns], cluster: ClusterView, extra: CouplingRows | None = None
+) -> Assembled:
+    """Stack every job's useful columns (negative cost) into one program. Forced jobs take no
+    variables: their configuration is fixed and their GPUs leave the capacity. Each distinct
+    configuration tuple is turned into arrays once; the rest is concatenation.
+
+    ``extra`` adds shared limits beyond the GPUs per type (e.g. an account's GPUs): its
+    ``coupling`` has one column per job configuration, jobs in ``columns`` order and each job's
+    in its ``configs`` order (forced jobs' GPUs included: subtract them from ``capacity``)."""
     type_index = {name: i for i, name in enumerate(cluster.gpu_types)}
     capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
     fixed: dict[int, int] = {}
-    owners, positions, costs, gpus, types = [], [], [], [], []
+    shapes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    gpus, types = [], []
     for i, cols in enumerate(columns):
         if cols.forced:
             config = cols.configs[cols.current]  # type: ignore[index]
             fixed[i] = cols.current  # type: ignore[assignment]
             capacity[type_index[config.gpu_type]] -= config.gpus
-            continue
-        idx = np.flatnonzero(cols.cost < 0)
-        owners.append(np.full(idx.size, i))
-        positions.append(idx)
-        costs.append(cols.cost[idx])
-        gpus.append(np.array([cols.configs[k].gpus for k in idx], dtype=np.float64))
-        types.append(np.array([type_index[cols.configs[k].gpu_type] for k in idx], dtype=int))
-    owner = np.concatenate(owners) if owners else np.zeros(0, dtype=int)
+        shape = shapes.get(id(cols.configs))
+        if shape is None:
+            shape = shapes[id(cols.configs)] = (
+                np.array([c.gpus for c in cols.configs], dtype=np.float64),
+                np.array([type_index[c.gpu_type] for c in cols.configs], dtype=np.intp),
+            )
+        gpus.append(shape[0])
+        types.append(shape[1])
+    if not columns:
+        program, _ = Program.build(
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0, dtype=np.intp),
+            np.zeros(0, dtype=np.intp),
+            capacity,
+            0,
+        )
+        return Assembled(program, np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), fixed)
+    lengths = np.array([len(cols.configs) for cols in columns])
+    owner = np.repeat(np.arange(len(columns)), lengths)
+    position = np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cost = np.concatenate([cols.cost for cols in columns])
+    forced = np.array([cols.forced for cols in columns])
+    keep = np.flatnonzero((cost < 0) & ~forced[owner])
     program, order = Program.build(
-        cost=np.concatenate(costs) if costs else np.zeros(0),
-        gpus=np.concatenate(gpus) if gpus else np.zeros(0),
-        gpu_type=np.concatenate(types) if types else np.zeros(0, dtype=int),
-        job=owner,
+        cost=cost[keep],
+        gpus=np.concatenate(gpus)[keep],
+        gpu_type=np.concatenate(types)[keep],
+        job=owner[keep],
         capacity=capacity,
         n_jobs=len(columns),
+        extra=None if extra is None else CouplingRows(extra.coupling[:, keep], extra.capacity),
     )
-    position = np.concatenate(positions) if positions else np.zeros(0, dtype=int)
-    return Assembled(program, owner[order], position[order], fixed)
+    return Assembled(program, owner[keep][order], position[keep][order], fixed)
 
 
 def fallback_choice(columns: list[JobColumns], cluster: ClusterView) -> dict[int, int]:
@@ -299,7 +367,12 @@ class SiaPolicy:
             build_columns(policy_input, self.config), cluster, policy_input.round_index
         )
         assembled = assemble(columns, cluster)
-        result = solve(assembled.program, self.config.time_limit_s, self.config.mip_rel_gap)
+        result = solve(
+            assembled.program,
+            self.config.time_limit_s,
+            self.config.mip_rel_gap,
+            self.config.accept_gap,
+        )
         status, message = result.status, result.message
         if result.chosen is None:
             logger.warning(

@@ -79,13 +79,28 @@ class SyntheticEstimator:
     def evaluate(
         self, configs: Sequence[Configuration], *, fixed_batch: bool = False
     ) -> GoodputRow:
+        return SyntheticEstimator.evaluate_many([self], configs, fixed_batch=fixed_batch)[0]
+
+    @staticmethod
+    def evaluate_many(
+        estimators: Sequence[SyntheticEstimator],
+        configs: Sequence[Configuration],
+        *,
+        fixed_batch: bool = False,
+    ) -> list[GoodputRow]:
+        """``[e.evaluate(configs, fixed_batch=...) for e in estimators]`` as one array pass
+        (the policy's batched path, :func:`sia_slurm.policy.sia.evaluate_rows`)."""
         gpus = np.array([c.gpus for c in configs], dtype=np.float64)
         multi = np.array([c.nodes > 1 for c in configs], dtype=np.float64)
-        speed = np.array([self.speed.get(c.gpu_type, 0.0) for c in configs], dtype=np.float64)
-        serial = self.serial * (2.0 if fixed_batch else 1.0)
-        goodput = speed * gpus / (1.0 + serial * (gpus - 1.0)) / (1.0 + self.cross * multi)
-        batch = self.batch_per_gpu * (np.ones_like(gpus) if fixed_batch else gpus)
-        return make_row(goodput, batch.astype(np.int64), gpus)
+        types = list(dict.fromkeys(c.gpu_type for c in configs))
+        column = np.array([types.index(c.gpu_type) for c in configs], dtype=np.intp)
+        speed = np.array([[e.speed.get(t, 0.0) for t in types] for e in estimators])[:, column]
+        serial = np.array([e.serial for e in estimators])[:, None] * (2.0 if fixed_batch else 1.0)
+        cross = np.array([e.cross for e in estimators])[:, None]
+        per_gpu = np.array([e.batch_per_gpu for e in estimators])[:, None]
+        goodput = speed * gpus / (1.0 + serial * (gpus - 1.0)) / (1.0 + cross * multi)
+        batch = (per_gpu * (np.ones_like(gpus) if fixed_batch else gpus)).astype(np.int64)
+        return [make_row(g, b, gpus) for g, b in zip(goodput, batch, strict=True)]
 
 
 def random_synthetic_estimator(

@@ -290,3 +290,27 @@ def test_evaluate_jobs_is_bit_identical_to_per_job_evaluation(
     again = [job.evaluate(configs, fixed_batch=fixed_batch) for job in batched]
     for mine, theirs in zip(again, expected, strict=True):
         np.testing.assert_array_equal(mine.goodput, theirs.goodput)
+
+
+def test_evaluate_many_gives_each_job_its_own_rows_across_candidate_counts(
+    profiles: ProfileSet,
+) -> None:
+    """The policy's batched path (``evaluate_many``) splits jobs by candidate count and returns
+    rows in the jobs' order, the same as one ``evaluate`` per job."""
+    configs = [Configuration(t, 1, k) for t in ("t4", "rtx", "dgx") for k in (1, 2, 4)]
+
+    def jobs() -> list[JobGoodputEstimator]:
+        return [
+            JobGoodputEstimator.from_profile(
+                app, grad_stats=GradientStats(1.0, 3.0 * i), num_candidates=20 + 10 * (i % 2)
+            )
+            for i, app in enumerate(profiles.apps.values())
+        ]
+
+    separate, batched = jobs(), jobs()
+    expected = [job.evaluate(configs) for job in separate]
+    got = JobGoodputEstimator.evaluate_many(batched, configs)
+    assert len(got) == len(expected) == len(profiles.apps)
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine.goodput, theirs.goodput)
+        np.testing.assert_array_equal(mine.batch_size, theirs.batch_size)

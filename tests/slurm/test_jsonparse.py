@@ -11,6 +11,7 @@ scenario of ``scripts/capture_slurm_fixtures.py`` (a job in every state the back
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -320,3 +321,18 @@ def test_reservations_on_every_release(release: str) -> None:
     (reservation,) = parse_reservations(release_fixture(release, "show-reservation.txt"))
     assert (reservation.name, reservation.active, reservation.nodes) == ("maint", True, ("a100-2",))
     assert parse_reservations(release_fixture(release, "show-reservation-none.txt")) == ()
+
+
+def test_the_garbage_collector_is_left_as_it_was_even_when_parsing_fails():
+    assert gc.isenabled()
+    parse_squeue_json('{"jobs": []}')
+    assert gc.isenabled()
+    with pytest.raises(SlurmParseError):
+        parse_squeue_json("not json")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_squeue_json('{"jobs": []}')
+        assert not gc.isenabled()  # a caller that had paused it keeps it paused
+    finally:
+        gc.enable()
