@@ -136,7 +136,7 @@ class Actuator:
         self.documents = documents
         self.observe = observe
         self.calls = SlurmCalls(runner)
-        self.waits = Waits(config.restart.checkpoint_timeout_s, clock, paths, observe)
+        self.waits = Waits(config.restart.checkpoint_timeout_s, clock, paths, observe, runner)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         """Apply one round's actions, each job as soon as it can go.

@@ -25,6 +25,11 @@ SHOW_RESERVATIONS = ("scontrol", "-o", "show", "reservation")
 SQUEUE_JSON = ("squeue", "--json", "--all", "--states=all")
 
 
+def squeue_json_of(job_ids: list[str]) -> list[str]:
+    """``squeue --json`` about ``job_ids`` alone (the actuator's waits)."""
+    return [*SQUEUE_JSON, f"--jobs={','.join(job_ids)}"]
+
+
 @dataclass(frozen=True)
 class Shape:
     """Where a job should run: partition, node count, GPUs per node and the exact nodes."""

@@ -256,7 +256,13 @@ class FakeSlurm:
     def _answer(self, argv: list[str]) -> str:
         command = shlex.join(argv)
         if argv[0] == "squeue":
-            return json.dumps({"jobs": list(self.jobs.values()), "errors": []})
+            jobs = list(self.jobs.values())
+            wanted = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
+            if wanted:  # as 23.02+ do; an unknown id fails the whole query
+                for job_id in wanted[0]:
+                    self.jobs[job_id]
+                jobs = [job for job in jobs if str(job["job_id"]) in wanted[0]]
+            return json.dumps({"jobs": jobs, "errors": []})
         if argv[:2] == ["scontrol", "-d"]:  # -d -o show node
             return self.nodes_text
         if argv[:3] == ["scontrol", "-o", "show"]:
