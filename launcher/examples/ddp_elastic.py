@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     scaler = torch.amp.GradScaler("cpu", growth_interval=args.growth_interval)
     model = elastic.ElasticDataParallel(model, optimizer, scheduler=scheduler, scaler=scaler)
     loader = elastic.ElasticDataLoader(dataset, num_workers=args.workers)
-    log = StepLog(args.sample_log, dist.get_rank(), job.position)  # (the test's log)
+    log = StepLog(args.sample_log, dist.get_rank())
     for _epoch in job.remaining_epochs(args.epochs, max_steps=args.max_steps):
         for images, labels, indices in loader:
             with torch.autocast("cpu", dtype=torch.bfloat16):

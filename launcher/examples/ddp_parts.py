@@ -8,7 +8,6 @@ import argparse
 import json
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,14 +68,8 @@ class StepLog:
     """One JSON line per micro-batch (``samples-r<rank>.jsonl``): the indices trained, the
     loss, the loss scale; for tests of "no sample skipped or repeated" across moves."""
 
-    def __init__(
-        self,
-        directory: Path | None,
-        rank: int,
-        context: Callable[[], dict[str, Any]] | None = None,
-    ):
+    def __init__(self, directory: Path | None, rank: int):
         self._handle: IO[str] | None = None
-        self._context = context
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             self._handle = open(directory / f"samples-r{rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
@@ -85,10 +78,17 @@ class StepLog:
         if self._handle is None:
             return
         record = {
-            **(self._context() if self._context is not None else {}),
+            **_elastic_position(),
             "indices": indices.tolist(),
             "loss": float(loss.detach()),
             "scale": scale,
         }
         self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()
+
+
+def _elastic_position() -> dict[str, Any]:
+    """The elastic job's step, run and batch when the script made one (not in plain DDP)."""
+    from launcher.elastic import job
+
+    return job._current.position() if job._current is not None else {}
