@@ -93,7 +93,7 @@ class StepStats:
     micro_sqr: list[torch.Tensor] = field(default_factory=list)  # per micro-batch, local
     local_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, before reduction
     global_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, reduced
-    copies: list[torch.Tensor] = field(default_factory=list)  # 1 replica, 1 micro-batch only
+    copies: dict[int, torch.Tensor] = field(default_factory=dict)  # 1 replica, 1 micro only
     sync_ready: float | None = None
     sync_done: float | None = None
 
@@ -140,7 +140,7 @@ class ElasticJob:
         self.stats = StepStats()
         self.step_callbacks: list[Callable[[ElasticJob, StepPlan], None]] = []
         self.last_noise_sample: tuple[float, float, int, float] | None = None
-        self._previous_copies: list[torch.Tensor] = []
+        self._previous_copies: dict[int, torch.Tensor] = {}
         self._previous_inv = 1.0
         self._previous_batch = 0
         self._loss_scale: torch.Tensor | None = None
@@ -304,13 +304,18 @@ class ElasticJob:
             self.last_noise_sample = sample
             return
         inv = self._inverse_scale_sq()
-        copies = stats.copies
-        previous = self._previous_copies
-        shapes_match = [p.shape for p in previous] == [c.shape for c in copies]
-        if previous and shapes_match and self._previous_batch == self.batch.batch_size:
-            cur = sum(float(c.dot(c)) for c in copies) * inv
-            prev = sum(float(p.dot(p)) for p in previous) * self._previous_inv
-            cross = sum(float(p.dot(c)) for p, c in zip(previous, copies, strict=True))
+        copies, previous = stats.copies, self._previous_copies
+        same = previous.keys() == copies.keys() and all(
+            previous[key].shape == copies[key].shape for key in copies
+        )
+        if previous and same and self._previous_batch == self.batch.batch_size:
+            cur = sum(float(c.double().dot(c.double())) for c in _flat(copies)) * inv
+            prev = sum(float(p.double().dot(p.double())) for p in _flat(previous))
+            prev *= self._previous_inv
+            cross = sum(
+                float(previous[key].reshape(-1).double().dot(copies[key].reshape(-1).double()))
+                for key in copies
+            )
             cross *= math.sqrt(inv * self._previous_inv)
             sample = ((prev + cur + 2 * cross) / 4, (prev + cur) / 2, 2, float(plan.size))
             self.noise.observe(*sample)
@@ -514,6 +519,10 @@ class ElasticJob:
     def _log(self, message: str, *args: Any) -> None:
         if self.rank == 0:
             logger.info(f"[round={self.round} job={self.env.sia_id}] {message}", *args)
+
+
+def _flat(tensors: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    return [tensor.reshape(-1) for tensor in tensors.values()]
 
 
 def _initial_batch(env: JobEnvironment, replicas: int) -> Batch:

@@ -135,8 +135,14 @@ class ElasticDataParallel(torch.nn.Module):
             result = future.value()[0]
             if uniform:
                 stats.global_sqr.append(_sqr(result))
-            if single:
-                stats.copies.append(result.detach().clone())
+            if single:  # per parameter: DDP re-orders its buckets after the first step
+                params = bucket.parameters()
+                if result.data_ptr() == buffer.data_ptr():
+                    grads = bucket.gradients()
+                else:
+                    grads = _split(result, params)
+                for param, grad in zip(params, grads, strict=True):
+                    stats.copies[id(param)] = grad.detach().clone()
             if bucket.is_last():
                 stats.sync_done = time.perf_counter()
             return result
@@ -215,3 +221,12 @@ def _sqr(tensor: torch.Tensor) -> torch.Tensor:
     if flat.dtype in (torch.float32, torch.float64):
         return torch.dot(flat, flat)
     return torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+
+
+def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped as ``params``, in order."""
+    views, offset = [], 0
+    for param in params:
+        views.append(flat[offset : offset + param.numel()].view_as(param))
+        offset += param.numel()
+    return views
