@@ -5,7 +5,9 @@ process count it starts that many gloo processes; each alternates blocks of ``--
 of (a) plain ``DistributedDataParallel`` with a ``DataLoader`` and ``DistributedSampler`` and
 (b) the same model, optimizer and data through ``ElasticDataParallel`` and
 ``ElasticDataLoader`` (with the per-step control all-reduce, noise statistics and LR scaling),
-ABAB..., so both see the same machine load. A step's time is rank 0's wall time from one
+ABAB..., so both see the same machine load; (a) runs twice per block, with DDP's default
+``gradient_as_bucket_view=False`` and with ``True`` as the wrappers use it, so the wrappers'
+own cost is the last column but one. A step's time is rank 0's wall time from one
 optimizer step to the next; the table gives each mode's median over all blocks' steps and the
 overhead of (b) over (a). Goal (issue 17): < 5% at 2 and 4 processes.
 
@@ -88,14 +90,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
         )
         job = ElasticJob(env, install_signal_handlers=False)
         plain: list[float] = []
+        views: list[float] = []
         elastic: list[float] = []
         extra_bytes = 0
         for _ in range(args.blocks):
-            model = DistributedDataParallel(make_model())
-            optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-            sampler = DistributedSampler(data, seed=0)
-            loader = DataLoader(data, LOCAL_BSZ, sampler=sampler)
-            plain += timed_steps(model, optimizer, loader, args.steps)
+            for as_view, times in ((False, plain), (True, views)):
+                model = DistributedDataParallel(make_model(), gradient_as_bucket_view=as_view)
+                optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+                sampler = DistributedSampler(data, seed=0)
+                loader = DataLoader(data, LOCAL_BSZ, sampler=sampler)
+                times += timed_steps(model, optimizer, loader, args.steps)
             module = make_model()
             optimizer = torch.optim.SGD(module.parameters(), lr=1e-4, momentum=0.9)
             wrapped = ElasticDataParallel(module, optimizer, job=job)
@@ -106,7 +110,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
         params = sum(p.numel() for p in make_model().parameters())
     if rank == 0:
         plain_ms, elastic_ms = statistics.median(plain) * 1e3, statistics.median(elastic) * 1e3
-        out.write_text(f"{world} {plain_ms} {elastic_ms} {extra_bytes / params} {params}\n")
+        views_ms = statistics.median(views) * 1e3
+        out.write_text(
+            f"{world} {plain_ms} {views_ms} {elastic_ms} {extra_bytes / params} {params}\n"
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -138,15 +145,19 @@ def main() -> None:
             mp.spawn(worker, args=(world, free_port(), args, out), nprocs=world, join=True)
             rows.append(out.read_text().split())
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
-    print("| processes | plain DDP ms/step | elastic ms/step | overhead | extra B/param |")
-    print("|---|---|---|---|---|")
-    for world, plain, elastic, extra, _params in rows:
-        overhead = (float(elastic) / float(plain) - 1) * 100
+    print(
+        "| processes | plain DDP ms/step | plain DDP, bucket views | elastic ms/step "
+        "| overhead vs plain | vs bucket views | extra B/param |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for world, plain, views, elastic, extra, _params in rows:
+        over_plain = (float(elastic) / float(plain) - 1) * 100
+        over_views = (float(elastic) / float(views) - 1) * 100
         print(
-            f"| {world} | {float(plain):.2f} | {float(elastic):.2f} | {overhead:+.1f}% "
-            f"| {float(extra):.2f} |"
+            f"| {world} | {float(plain):.2f} | {float(views):.2f} | {float(elastic):.2f} "
+            f"| {over_plain:+.1f}% | {over_views:+.1f}% | {float(extra):.2f} |"
         )
-    print(f"parameters: {rows[0][4]}; {LOCAL_BSZ} samples per process and step")
+    print(f"parameters: {rows[0][5]}; {LOCAL_BSZ} samples per process and step")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ class ElasticJob:
         self._previous_inv = 1.0
         self._previous_batch = 0
         self._loss_scale: torch.Tensor | None = None
+        self._in_flight: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None
         self._last_start: float | None = None
         self._stop_round: int | None = None
         self._terminate = False
@@ -269,15 +270,16 @@ class ElasticJob:
         return self.current is not None and not self.current.last
 
     def end_step(self, plan: StepPlan) -> None:
-        """After the step's last micro-batch: agree, account, report, maybe checkpoint."""
+        """After the step's last micro-batch: account, and agree on the step's control vector.
+
+        With several replicas the vector's all-reduce is started here and waited for at the
+        next step's end (or when training ends), so it rides behind that step's DDP buckets
+        instead of adding a synchronous round trip to every step: the ranks act on step
+        ``k``'s agreement after step ``k + 1``, all at the same step."""
         assert self.sampler is not None
         stats, self.current = self.stats, None
         control = self._control_vector(stats)
-        if self.replicas > 1:
-            dist.all_reduce(control)
-        values = control.tolist()
-        if plan.uniform:
-            self._observe_noise(plan, values, stats)
+        work = dist.all_reduce(control, async_op=True) if self.replicas > 1 else None
         self.sampler.advance(plan)
         self.step += 1
         self.progress += self.noise.gain(self.batch.batch_size)
@@ -289,11 +291,36 @@ class ElasticJob:
             )
         for callback in self.step_callbacks:
             callback(self, plan)
+        previous, self._in_flight = self._in_flight, (plan, control, work, stats)
+        if work is None:
+            self._settle()
+        elif previous is not None:
+            self._settle(previous)
+
+    def _settle(self, agreed: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None) -> None:
+        """Act on a step's agreed control vector (the one in flight when not given)."""
+        if agreed is None:
+            agreed, self._in_flight = self._in_flight, None
+            if agreed is None:
+                return
+        plan, control, work, stats = agreed
+        if work is not None:
+            work.wait()
+        values = control.tolist()
+        if plan.uniform:
+            self._observe_noise(plan, values, stats)
         self._decode_control(values)
         if self.rank == 0 and self.reporter.due():
             self._report()
         if values[9] > 0 and self._superseded_round is None:
             self.save_checkpoint()
+
+    def _drain(self) -> None:
+        """Wait for the control all-reduce in flight, without acting on it (the process is
+        stopping on an earlier agreement)."""
+        if self._in_flight is not None and self._in_flight[2] is not None:
+            self._in_flight[2].wait()
+        self._in_flight = None
 
     def _observe_noise(self, plan: StepPlan, values: list[float], stats: StepStats) -> None:
         count = len(plan.micro_batches) * self.replicas
@@ -396,12 +423,14 @@ class ElasticJob:
         if self._stop_round is not None:
             self._stop_for_controller(self._stop_round)
         if self._terminate:
+            self._drain()
             self._ended("terminated")
             path = self.save_checkpoint()
             self._log("terminated by a signal: checkpoint %s", path)
             self._exit()
 
     def _stop_for_controller(self, stop_round: int) -> None:
+        self._drain()
         self._ended("stopped")
         if self.rank == 0:
             self._report()
@@ -415,6 +444,7 @@ class ElasticJob:
         self._exit()
 
     def _complete(self) -> None:
+        self._settle()  # the last step's statistics; its requests no longer matter
         if self.rank == 0:
             self._report()
         self.save_checkpoint()
@@ -425,6 +455,7 @@ class ElasticJob:
             dist.destroy_process_group()
 
     def _exit(self) -> None:
+        self._drain()
         if dist.is_initialized():
             dist.destroy_process_group()
         raise SystemExit(0)
