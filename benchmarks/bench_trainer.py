@@ -106,7 +106,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
             job.sampler = None
             elastic_loader = ElasticDataLoader(data, job=job)
             elastic += timed_steps(wrapped, optimizer, elastic_loader, args.steps)
-            extra_bytes = kept_bytes(job)
+            extra_bytes = kept_bytes(job, wrapped)
         params = sum(p.numel() for p in make_model().parameters())
     if rank == 0:
         plain_ms, elastic_ms = statistics.median(plain) * 1e3, statistics.median(elastic) * 1e3
@@ -118,12 +118,13 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
     dist.destroy_process_group()
 
 
-def kept_bytes(job: ElasticJob) -> int:
+def kept_bytes(job: ElasticJob, wrapped: ElasticDataParallel) -> int:
     """Bytes of tensors the job keeps between steps (noise sums, previous gradient copies)."""
     stats = job.stats
-    tensors = [*stats.micro_sqr, *stats.local_sqr, *stats.global_sqr, *stats.copies.values()]
-    tensors += list(job._previous_copies.values())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    tensors = [*stats.micro_sqr, *stats.local_sqr, *stats.global_sqr]
+    tensors += [*stats.single_sqr, *stats.single_cross, *wrapped.previous_gradient.values()]
+    unique = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
+    return sum(unique.values())
 
 
 def free_port() -> int:

@@ -93,7 +93,10 @@ class StepStats:
     micro_sqr: list[torch.Tensor] = field(default_factory=list)  # per micro-batch, local
     local_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, before reduction
     global_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, reduced
-    copies: dict[int, torch.Tensor] = field(default_factory=dict)  # 1 replica, 1 micro only
+    # one replica without accumulation: |g|^2 and g . g_previous per parameter
+    single_sqr: list[torch.Tensor] = field(default_factory=list)
+    single_cross: list[torch.Tensor] = field(default_factory=list)
+    step_index: int = -1
     sync_ready: float | None = None
     sync_done: float | None = None
 
@@ -140,9 +143,7 @@ class ElasticJob:
         self.stats = StepStats()
         self.step_callbacks: list[Callable[[ElasticJob, StepPlan], None]] = []
         self.last_noise_sample: tuple[float, float, int, float] | None = None
-        self._previous_copies: dict[int, torch.Tensor] = {}
-        self._previous_inv = 1.0
-        self._previous_batch = 0
+        self._previous: tuple[int, float, float, int] = (-2, 0.0, 1.0, 0)  # step, |g|^2, inv, M
         self._loss_scale: torch.Tensor | None = None
         self._in_flight: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None
         self._last_start: float | None = None
@@ -233,7 +234,7 @@ class ElasticJob:
     def begin_micro(self, micro: MicroBatch) -> None:
         """The loader hands out ``micro`` next."""
         if micro.index == 0:
-            self.stats = StepStats()
+            self.stats = StepStats(step_index=self.step)
             scaler = getattr(self.model, "scaler", None)
             if scaler is not None and scaler.is_enabled():
                 scale = scaler._get_scale_async()  # None before the first scaler.scale()
@@ -331,24 +332,18 @@ class ElasticJob:
             self.last_noise_sample = sample
             return
         inv = self._inverse_scale_sq()
-        copies, previous = stats.copies, self._previous_copies
-        same = previous.keys() == copies.keys() and all(
-            previous[key].shape == copies[key].shape for key in copies
-        )
-        if previous and same and self._previous_batch == self.batch.batch_size:
-            cur = sum(float(c.double().dot(c.double())) for c in _flat(copies)) * inv
-            prev = sum(float(p.double().dot(p.double())) for p in _flat(previous))
-            prev *= self._previous_inv
-            cross = sum(
-                float(previous[key].reshape(-1).double().dot(copies[key].reshape(-1).double()))
-                for key in copies
-            )
-            cross *= math.sqrt(inv * self._previous_inv)
+        if not stats.single_sqr:
+            return
+        cur = float(torch.stack(stats.single_sqr).double().sum()) * inv
+        step, prev, prev_inv, batch = self._previous
+        complete = len(stats.single_cross) == len(stats.single_sqr)
+        if step == stats.step_index - 1 and complete and batch == self.batch.batch_size:
+            cross = float(torch.stack(stats.single_cross).double().sum())
+            cross *= math.sqrt(inv * prev_inv)
             sample = ((prev + cur + 2 * cross) / 4, (prev + cur) / 2, 2, float(plan.size))
             self.noise.observe(*sample)
             self.last_noise_sample = sample
-        self._previous_copies, self._previous_inv = copies, inv
-        self._previous_batch = self.batch.batch_size
+        self._previous = (stats.step_index, cur, inv, self.batch.batch_size)
 
     def _inverse_scale_sq(self) -> float:
         return 1.0 if self._loss_scale is None else 1.0 / float(self._loss_scale) ** 2
@@ -550,10 +545,6 @@ class ElasticJob:
     def _log(self, message: str, *args: Any) -> None:
         if self.rank == 0:
             logger.info(f"[round={self.round} job={self.env.sia_id}] {message}", *args)
-
-
-def _flat(tensors: dict[int, torch.Tensor]) -> list[torch.Tensor]:
-    return [tensor.reshape(-1) for tensor in tensors.values()]
 
 
 def _initial_batch(env: JobEnvironment, replicas: int) -> Batch:

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.elastic.job import ElasticJob, current_job
+from launcher.elastic.job import ElasticJob, StepStats, current_job
 from launcher.elastic.lr import LRScaling, default_rule
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class ElasticDataParallel(torch.nn.Module):
             for p in module.parameters()
             if p.requires_grad
         ]
+        # one replica without accumulation: the previous step's gradient, copied over in place
+        self.previous_gradient: dict[int, torch.Tensor] = {}
         self._patch_optimizer()
         if scaler is not None:
             self._patch_scaler(scaler)
@@ -122,18 +124,19 @@ class ElasticDataParallel(torch.nn.Module):
         micro = job.current
         buffer = bucket.buffer()
         uniform = micro is not None and micro.plan.uniform
-        if uniform and micro is not None and micro.count == 1:
+        count = micro.count if micro is not None else 1
+        single = uniform and job.replicas == 1 and count == 1  # Pollux's two-step estimate
+        if uniform and count == 1 and job.replicas > 1:
             stats.local_sqr.append(_sqr(buffer))
         if bucket.is_last():
             stats.sync_ready = time.perf_counter()
-        divisor = job.replicas * (micro.count if micro is not None else 1)
+        divisor = job.replicas * count
         if divisor != 1:
             buffer.div_(divisor)
-        single = uniform and job.replicas == 1 and micro is not None and micro.count == 1
 
         def reduced(future: torch.futures.Future) -> torch.Tensor:
             result = future.value()[0]
-            if uniform:
+            if uniform and not single:
                 stats.global_sqr.append(_sqr(result))
             if single:  # per parameter: DDP re-orders its buckets after the first step
                 params = bucket.parameters()
@@ -142,7 +145,7 @@ class ElasticDataParallel(torch.nn.Module):
                 else:
                     grads = _split(result, params)
                 for param, grad in zip(params, grads, strict=True):
-                    stats.copies[id(param)] = grad.detach().clone()
+                    self._keep_single(param, grad, stats)
             if bucket.is_last():
                 stats.sync_done = time.perf_counter()
             return result
@@ -153,6 +156,18 @@ class ElasticDataParallel(torch.nn.Module):
         else:
             future = dist.all_reduce(buffer, async_op=True).get_future()  # type: ignore[union-attr]
         return future.then(reduced)
+
+    def _keep_single(self, param: torch.Tensor, grad: torch.Tensor, stats: StepStats) -> None:
+        """One replica, one micro-batch: ``|g|^2`` and ``g . g_previous`` of one parameter,
+        then ``g`` over the previous step's copy (in place: one copy of the gradient in all)."""
+        flat = grad.detach().reshape(-1)
+        stats.single_sqr.append(_sqr(flat))
+        previous = self.previous_gradient.get(id(param))
+        if previous is not None and previous.shape == flat.shape:
+            stats.single_cross.append(_dot(previous, flat))
+            previous.copy_(flat)
+        else:
+            self.previous_gradient[id(param)] = flat.clone()
 
     # ---- the user's optimizer and scaler, made accumulation-aware ----------------------------
 
@@ -221,6 +236,12 @@ def _sqr(tensor: torch.Tensor) -> torch.Tensor:
     if flat.dtype in (torch.float32, torch.float64):
         return torch.dot(flat, flat)
     return torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+
+
+def _dot(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    if left.dtype in (torch.float32, torch.float64):
+        return torch.dot(left, right)
+    return torch.dot(left.float(), right.float())
 
 
 def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
