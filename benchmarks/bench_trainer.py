@@ -8,8 +8,10 @@ of (a) plain ``DistributedDataParallel`` with a ``DataLoader`` and ``Distributed
 ABAB..., so both see the same machine load; (a) runs twice per block, with DDP's default
 ``gradient_as_bucket_view=False`` and with ``True`` as the wrappers use it, so the wrappers'
 own cost is the last column but one. A step's time is rank 0's wall time from one
-optimizer step to the next; the table gives each mode's median over all blocks' steps and the
-overhead of (b) over (a). Goal (issue 17): < 5% at 2 and 4 processes.
+optimizer step to the next, and its process CPU time over the same interval (all threads,
+gloo's included: less sensitive than wall time to the other processes of a loaded machine);
+the table gives each mode's median over all blocks' steps and the overhead of (b) over (a).
+Goal (issue 17): < 5% at 2 and 4 processes.
 
 Extra memory per parameter: the bytes of the tensors the wrappers keep across steps beyond
 DDP's own (its buckets; with ``gradient_as_bucket_view`` the gradients are views of them),
@@ -64,18 +66,21 @@ def make_data(size: int) -> TensorDataset:
     return TensorDataset(torch.randn(size, WIDTH, generator=gen), torch.randn(size, WIDTH))
 
 
-def timed_steps(model: torch.nn.Module, optimizer: Any, loader: Any, steps: int) -> list[float]:
-    times, last = [], time.perf_counter()
+def timed_steps(
+    model: torch.nn.Module, optimizer: Any, loader: Any, steps: int
+) -> list[tuple[float, float]]:
+    """``(wall, cpu)`` seconds of each step but the first (which starts the loader)."""
+    times, last = [], (time.perf_counter(), time.process_time())
     for count, (x, y) in enumerate(loader):
         F.mse_loss(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-        now = time.perf_counter()
-        times.append(now - last)
+        now = (time.perf_counter(), time.process_time())
+        times.append((now[0] - last[0], now[1] - last[1]))
         last = now
         if count + 1 >= steps:
             break
-    return times[1:]  # the first includes the loader's start
+    return times[1:]
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path) -> None:
@@ -89,9 +94,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
             **{**env.__dict__, "gpus": world, "local_bsz": LOCAL_BSZ, "poll_interval_s": 1.0}
         )
         job = ElasticJob(env, install_signal_handlers=False)
-        plain: list[float] = []
-        views: list[float] = []
-        elastic: list[float] = []
+        plain: list[tuple[float, float]] = []
+        views: list[tuple[float, float]] = []
+        elastic: list[tuple[float, float]] = []
         extra_bytes = 0
         for _ in range(args.blocks):
             for as_view, times in ((False, plain), (True, views)):
@@ -109,11 +114,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
             extra_bytes = kept_bytes(job, wrapped)
         params = sum(p.numel() for p in make_model().parameters())
     if rank == 0:
-        plain_ms, elastic_ms = statistics.median(plain) * 1e3, statistics.median(elastic) * 1e3
-        views_ms = statistics.median(views) * 1e3
-        out.write_text(
-            f"{world} {plain_ms} {views_ms} {elastic_ms} {extra_bytes / params} {params}\n"
-        )
+        medians = [
+            statistics.median(t[k] for t in times) * 1e3
+            for k in (0, 1)
+            for times in (plain, views, elastic)
+        ]
+        out.write_text(" ".join(map(str, [world, *medians, extra_bytes / params, params])))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -147,18 +153,19 @@ def main() -> None:
             rows.append(out.read_text().split())
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     print(
-        "| processes | plain DDP ms/step | plain DDP, bucket views | elastic ms/step "
-        "| overhead vs plain | vs bucket views | extra B/param |"
+        "| processes | time | plain DDP ms/step | plain DDP, bucket views | elastic "
+        "| elastic vs plain | vs bucket views | extra B/param |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for world, plain, views, elastic, extra, _params in rows:
-        over_plain = (float(elastic) / float(plain) - 1) * 100
-        over_views = (float(elastic) / float(views) - 1) * 100
-        print(
-            f"| {world} | {float(plain):.2f} | {float(views):.2f} | {float(elastic):.2f} "
-            f"| {over_plain:+.1f}% | {over_views:+.1f}% | {float(extra):.2f} |"
-        )
-    print(f"parameters: {rows[0][5]}; {LOCAL_BSZ} samples per process and step")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        world, values, extra = row[0], [float(v) for v in row[1:7]], float(row[7])
+        for name, (plain, views, elastic) in (("wall", values[:3]), ("CPU", values[3:])):
+            print(
+                f"| {world} | {name} | {plain:.2f} | {views:.2f} | {elastic:.2f} "
+                f"| {(elastic / plain - 1) * 100:+.1f}% | {(elastic / views - 1) * 100:+.1f}% "
+                f"| {extra:.2f} |"
+            )
+    print(f"parameters: {rows[0][8]}; {LOCAL_BSZ} samples per process and step")
 
 
 if __name__ == "__main__":
