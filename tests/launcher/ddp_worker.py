@@ -15,14 +15,14 @@ from torch.utils.data import TensorDataset
 import launcher.elastic as elastic
 
 
-def dataset() -> TensorDataset:
+def dataset(size: int = 64) -> TensorDataset:
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(64, 6, generator=gen)
-    y = x @ torch.arange(6.0) + torch.randn(64, generator=gen)
-    return TensorDataset(x, y, torch.arange(64))
+    x = torch.randn(size, 6, generator=gen)
+    y = x @ torch.arange(6.0) + torch.randn(size, generator=gen)
+    return TensorDataset(x, y, torch.arange(size))
 
 
-def main(out_dir: Path, amp: bool) -> None:
+def main(out_dir: Path, amp: bool, size: int, steps: int) -> None:
     torch.set_num_threads(1)
     job = elastic.init(noise_decay=0.0, install_signal_handlers=False)
     torch.manual_seed(3)
@@ -31,9 +31,9 @@ def main(out_dir: Path, amp: bool) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=amp)
     ddp = elastic.ElasticDataParallel(model, optimizer, scaler=scaler)
-    loader = elastic.ElasticDataLoader(dataset(), num_workers=1)
+    loader = elastic.ElasticDataLoader(dataset(size), num_workers=1)
     micro_batches: list[list[int]] = []
-    for _ in job.remaining_epochs(1, max_steps=1):
+    for _ in job.remaining_epochs(1, max_steps=steps):
         for inputs, targets, indices in loader:
             micro_batches.append(indices.tolist())
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
@@ -57,5 +57,5 @@ def main(out_dir: Path, amp: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] == "amp")
+    main(Path(sys.argv[1]), sys.argv[2] == "amp", int(sys.argv[3]), int(sys.argv[4]))
     os._exit(0)

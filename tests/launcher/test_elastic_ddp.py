@@ -30,9 +30,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def run_pair(tmp_path: Path, make_env, mode: str) -> list[dict]:  # type: ignore[no-untyped-def]
+def run_pair(
+    tmp_path: Path, make_env, mode: str, size: int = 64, steps: int = 1, **batch
+) -> list[dict]:  # type: ignore[no-untyped-def]
     # 2 replicas x 2 micro-batches x 4 samples: c = 4 gradient samples of b = 4; M0 = 8
-    env = make_env(gpus=2, batch_size=16, local_bsz=4, accum_steps=1, init_batch_size=8)
+    batch = batch or {"batch_size": 16, "local_bsz": 4, "accum_steps": 1}
+    env = make_env(gpus=2, init_batch_size=8, **batch)
     base = {
         **os.environ,
         **env.to_env(),
@@ -44,7 +47,7 @@ def run_pair(tmp_path: Path, make_env, mode: str) -> list[dict]:  # type: ignore
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(tmp_path), mode],
+            [sys.executable, str(WORKER), str(tmp_path), mode, str(size), str(steps)],
             env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
         )
         for rank in range(2)
@@ -102,6 +105,33 @@ def test_two_replicas_with_accumulation_match_the_direct_estimate(
     after = torch.tensor(records[0]["weight_after"] + records[0]["bias_after"]).double()
     assert after.tolist() == pytest.approx(expected.tolist(), rel=tolerance, abs=1e-6)
     assert records[1]["weight_after"] == records[0]["weight_after"]
+
+
+def test_a_rank_with_no_sample_left_pads_with_a_sample_of_weight_zero(
+    tmp_path: Path,
+    make_env,  # type: ignore[no-untyped-def]
+) -> None:
+    # 17 samples at 16 = 2 x 8: the second step has one sample, rank 1 none (it pads)
+    records = run_pair(
+        tmp_path, make_env, "fp32", size=17, steps=2, batch_size=16, local_bsz=8, accum_steps=0
+    )
+    real = [records[0]["micro_batches"][1], records[1]["micro_batches"][1]]
+    assert sorted(map(len, real)) == [1, 1]  # one real sample and one padding sample
+    trained = records[0]["micro_batches"][0] + records[1]["micro_batches"][0] + real[0]
+    assert sorted(trained) == list(range(17))  # rank 0 trained the last sample
+    data = dataset(17)
+    model = torch.nn.Linear(6, 1)
+    model.load_state_dict({k: torch.tensor(v) for k, v in records[0]["initial"].items()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for indices in (trained[:16], trained[16:]):  # SGD on each step's mean gradient
+        inputs, targets, _ = data[indices]
+        F.mse_loss(model(inputs).squeeze(1), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    expected = model.weight.detach().reshape(-1).tolist() + model.bias.detach().tolist()
+    for record in records:
+        after = record["weight_after"] + record["bias_after"]
+        assert after == pytest.approx(expected, rel=1e-5, abs=1e-7)
 
 
 def test_the_elastic_example_differs_from_the_plain_ddp_script_in_a_few_lines() -> None:
