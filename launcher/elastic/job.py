@@ -112,11 +112,16 @@ class ElasticJob:
         checkpoint_keep: int = 2,
         checkpoint_interval_s: float | None = None,
         noise_decay: float = 0.95,
+        control_interval: int = 4,
         install_signal_handlers: bool = True,
     ):
+        if control_interval < 1:
+            raise ElasticJobError(f"control_interval: expected >= 1, got {control_interval}")
         self.env = env if env is not None else JobEnvironment.from_env()
         self.rank, self.replicas, self.device = init_process_group()
         self.seed = seed
+        self.control_interval = control_interval
+        self.measuring = True  # whether this step's gradient-noise norms are taken
         self.noise = GradientNoise(self.env.init_batch_size, decay=noise_decay)
         self.checkpoints = CheckpointManager(self.env.checkpoint_dir, keep=checkpoint_keep)
         self.reporter = MetricsReporter(self.env)
@@ -235,6 +240,7 @@ class ElasticJob:
         """The loader hands out ``micro`` next."""
         if micro.index == 0:
             self.stats = StepStats(step_index=self.step)
+            self.measuring = self._measured(self.step)
             scaler = getattr(self.model, "scaler", None)
             if scaler is not None and scaler.is_enabled():
                 scale = scaler._get_scale_async()  # None before the first scaler.scale()
@@ -248,6 +254,18 @@ class ElasticJob:
         if micro.last:
             self._last_start = time.perf_counter()
         self.current = micro
+
+    def _syncs(self, step: int) -> bool:
+        """Whether step ``step`` ends with a control all-reduce: every ``control_interval``-th
+        step with several replicas (each is a collective round trip), every step alone."""
+        return self.replicas == 1 or (step + 1) % self.control_interval == 0
+
+    def _measured(self, step: int) -> bool:
+        """Whether step ``step``'s noise norms are taken: the steps that sync (their sums
+        travel in that step's control vector), and alone also the step before (the
+        two-consecutive-steps estimate needs the pair)."""
+        position = (step + 1) % self.control_interval
+        return position == 0 or (self.replicas == 1 and position == self.control_interval - 1)
 
     def position(self) -> dict[str, Any]:
         """Where training is (for logs): the step in progress, its micro-batch, the run."""
@@ -273,14 +291,18 @@ class ElasticJob:
     def end_step(self, plan: StepPlan) -> None:
         """After the step's last micro-batch: account, and agree on the step's control vector.
 
-        With several replicas the vector's all-reduce is started here and waited for at the
-        next step's end (or when training ends), so it rides behind that step's DDP buckets
-        instead of adding a synchronous round trip to every step: the ranks act on step
-        ``k``'s agreement after step ``k + 1``, all at the same step."""
+        With several replicas the vector is all-reduced every ``control_interval`` steps
+        (:meth:`_syncs`), started here and waited for at the next such step (or when
+        training ends), so it rides behind DDP's buckets instead of adding a synchronous
+        round trip to every step: the ranks act on an agreement ``control_interval`` steps
+        after it was started, all at the same step."""
         assert self.sampler is not None
         stats, self.current = self.stats, None
-        control = self._control_vector(stats)
-        work = dist.all_reduce(control, async_op=True) if self.replicas > 1 else None
+        syncs = self._syncs(self.step)
+        control = self._control_vector(stats) if syncs else None
+        work = None
+        if control is not None and self.replicas > 1:
+            work = dist.all_reduce(control, async_op=True)
         self.sampler.advance(plan)
         self.step += 1
         self.progress += self.noise.gain(self.batch.batch_size)
@@ -292,6 +314,8 @@ class ElasticJob:
             )
         for callback in self.step_callbacks:
             callback(self, plan)
+        if control is None:
+            return
         previous, self._in_flight = self._in_flight, (plan, control, work, stats)
         if work is None:
             self._settle()

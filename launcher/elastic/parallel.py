@@ -112,7 +112,7 @@ class ElasticDataParallel(torch.nn.Module):
         micro = self.job.current
         if micro is None:
             return None
-        if micro.plan.uniform and micro.count > 1:
+        if micro.plan.uniform and micro.count > 1 and self.job.measuring:
             self.job.stats.micro_sqr.append(_sqr(grad))
         return None if micro.weight == 1.0 else grad * micro.weight
 
@@ -123,8 +123,8 @@ class ElasticDataParallel(torch.nn.Module):
         job, stats = self.job, self.job.stats
         micro = job.current
         buffer = bucket.buffer()
-        uniform = micro is not None and micro.plan.uniform
         count = micro.count if micro is not None else 1
+        uniform = micro is not None and micro.plan.uniform and job.measuring
         single = uniform and job.replicas == 1 and count == 1  # Pollux's two-step estimate
         if uniform and count == 1 and job.replicas > 1:
             stats.local_sqr.append(_sqr(buffer))

@@ -24,7 +24,7 @@ def dataset(size: int = 64) -> TensorDataset:
 
 def main(out_dir: Path, amp: bool, size: int, steps: int) -> None:
     torch.set_num_threads(1)
-    job = elastic.init(noise_decay=0.0, install_signal_handlers=False)
+    job = elastic.init(noise_decay=0.0, control_interval=1, install_signal_handlers=False)
     torch.manual_seed(3)
     model = torch.nn.Linear(6, 1)
     initial = {k: v.tolist() for k, v in model.state_dict().items()}

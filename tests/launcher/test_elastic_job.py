@@ -34,8 +34,10 @@ def dataset(size: int = SIZE) -> TensorDataset:
 class Run:
     """One training process's objects, as a script makes them."""
 
-    def __init__(self, env: JobEnvironment, *, lr: float = 0.05, workers: int = 0, size=SIZE):  # type: ignore[no-untyped-def]
-        self.job = ElasticJob(env, install_signal_handlers=False, noise_decay=0.0)
+    def __init__(self, env: JobEnvironment, *, lr=0.05, workers=0, size=SIZE, interval=1):  # type: ignore[no-untyped-def]
+        self.job = ElasticJob(
+            env, install_signal_handlers=False, noise_decay=0.0, control_interval=interval
+        )
         torch.manual_seed(0)
         self.model = torch.nn.Linear(4, 1)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
@@ -204,3 +206,12 @@ def test_keep_n_checkpoints_is_configurable(make_env, tmp_path: Path) -> None:  
     assert sorted(p.name for p in job.checkpoints.directory.iterdir()) == sorted(
         f"ckpt-{s:010d}.pt{suffix}" for s in (2, 3, 4) for suffix in ("", ".rng", ".sha256")
     )
+
+
+def test_noise_is_measured_on_pairs_of_steps_every_control_interval(make_env) -> None:  # type: ignore[no-untyped-def]
+    env = make_env(batch_size=4, local_bsz=4, accum_steps=0, init_batch_size=4)
+    run = Run(env, lr=0.0, interval=4)  # 10 steps: pairs (2, 3) and (6, 7) are measured
+    measured: list[int] = []
+    run.train(1, after=lambda r: measured.append(r.job.step) if r.job.measuring else None)
+    assert measured == [2, 3, 6, 7]
+    assert run.job.noise.samples == 2
