@@ -241,6 +241,9 @@ class ElasticJob:
         if micro.index == 0:
             self.stats = StepStats(step_index=self.step)
             self.measuring = self._measured(self.step)
+            if self.model is not None:
+                uneven = not micro.plan.uniform
+                self.model.arm_hooks(uneven or (self.measuring and micro.count > 1))
             scaler = getattr(self.model, "scaler", None)
             if scaler is not None and scaler.is_enabled():
                 scale = scaler._get_scale_async()  # None before the first scaler.scale()

@@ -73,11 +73,7 @@ class ElasticDataParallel(torch.nn.Module):
         ddp_options.setdefault("gradient_as_bucket_view", True)
         self.ddp = DistributedDataParallel(module, device_ids=device_ids, **ddp_options)
         self.ddp.register_comm_hook(None, self._communicate)
-        self._hooks = [
-            p.register_hook(self._on_parameter_gradient)
-            for p in module.parameters()
-            if p.requires_grad
-        ]
+        self._hooks: list[Any] = []  # armed only for steps that need them (arm_hooks)
         # one replica without accumulation: the previous step's gradient, copied over in place
         self.previous_gradient: dict[int, torch.Tensor] = {}
         self._patch_optimizer()
@@ -106,6 +102,21 @@ class ElasticDataParallel(torch.nn.Module):
         return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm, norm_type)
 
     # ---- hooks -------------------------------------------------------------------------------
+
+    def arm_hooks(self, needed: bool) -> None:
+        """Register the per-parameter hooks for a step that needs them (accumulation with
+        noise norms, or an uneven step's weights), and remove them otherwise: a Python call
+        per parameter and micro-batch is the wrappers' largest cost on a plain step."""
+        if needed and not self._hooks:
+            self._hooks = [
+                p.register_hook(self._on_parameter_gradient)
+                for p in self.module.parameters()
+                if p.requires_grad
+            ]
+        elif not needed and self._hooks:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
 
     def _on_parameter_gradient(self, grad: torch.Tensor) -> torch.Tensor | None:
         """One micro-batch's local gradient of one parameter, before accumulation."""
