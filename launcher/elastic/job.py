@@ -36,6 +36,7 @@ from launcher.elastic.control import ControlFiles, SignalFlags
 from launcher.elastic.distributed import init_process_group
 from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
+from launcher.elastic.rng import load_rng_state, rng_state
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.elastic.trainer import Batch
 from launcher.jobenv import JobEnvironment
@@ -528,10 +529,10 @@ class ElasticJob:
         All ranks call it at the same step (``collective=False``: rank 0 alone, its peers
         gone; their RNG states are then not saved)."""
         self._last_checkpoint = time.monotonic()
-        rng = [_rng_state()]
+        rng = [rng_state()]
         if collective and self.replicas > 1:
             rng = [None] * self.replicas
-            dist.all_gather_object(rng, _rng_state())
+            dist.all_gather_object(rng, rng_state())
         if self.rank != 0:
             return ""
         path = self.checkpoints.save(self.step, self.state_dict(), {"rng": rng})
@@ -562,7 +563,7 @@ class ElasticJob:
         """This rank's RNG state from the checkpoint; a rank the saved run did not have (a
         larger world) seeds from (seed, step, rank) instead."""
         if states and self.rank < len(states) and states[self.rank] is not None:
-            _load_rng_state(states[self.rank])
+            load_rng_state(states[self.rank])
             return
         derived = hash((self.seed, self.step, self.rank)) % (2**31)
         random.seed(derived)
@@ -585,42 +586,3 @@ def _initial_batch(env: JobEnvironment, replicas: int) -> Batch:
             env.accum_steps + 1,
         )
     return Batch(replicas * env.local_bsz * (env.accum_steps + 1), env.local_bsz, env.accum_steps)
-
-
-def _rng_state() -> dict[str, Any]:
-    """The process's RNG states in types a ``weights_only`` load accepts."""
-    version, internal, gauss = random.getstate()
-    numpy_state = np.random.get_state(legacy=False)
-    state: dict[str, Any] = {
-        "python": [version, list(internal), gauss],
-        "numpy": {
-            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-            "pos": int(numpy_state["state"]["pos"]),
-            "has_gauss": int(numpy_state["has_gauss"]),
-            "gauss": float(numpy_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _load_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {
-                "key": numpy_state["key"].numpy().astype(np.uint32),
-                "pos": numpy_state["pos"],
-            },
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
