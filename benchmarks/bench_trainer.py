@@ -7,9 +7,11 @@ of (a) plain ``DistributedDataParallel`` with a ``DataLoader`` and ``Distributed
 ``ElasticDataLoader`` (with the per-step control all-reduce, noise statistics and LR scaling),
 ABAB..., so both see the same machine load; (a) runs twice per block, with DDP's default
 ``gradient_as_bucket_view=False`` and with ``True`` as the wrappers use it, so the wrappers'
-own cost is the last column but one. A step's time is rank 0's wall time from one
-optimizer step to the next, and its process CPU time over the same interval (all threads,
-gloo's included: less sensitive than wall time to the other processes of a loaded machine);
+own cost is the "vs bucket views" column; and a third time with torch's own Python
+communication hook (``default_hooks.allreduce_hook``), the cost any Python hook pays. A
+step's time is rank 0's wall time from one optimizer step to the next, and its process CPU
+time over the same interval (all threads, gloo's included: less sensitive than wall time to
+the other processes of a loaded machine);
 the table gives each mode's median over all blocks' steps and the overhead of (b) over (a).
 Goal (issue 17): < 5% at 2 and 4 processes.
 
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -97,10 +100,13 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
         plain: list[tuple[float, float]] = []
         views: list[tuple[float, float]] = []
         elastic: list[tuple[float, float]] = []
+        hooked: list[tuple[float, float]] = []
         extra_bytes = 0
         for _ in range(args.blocks):
-            for as_view, times in ((False, plain), (True, views)):
+            for as_view, times in ((False, plain), (True, views), (True, hooked)):
                 model = DistributedDataParallel(make_model(), gradient_as_bucket_view=as_view)
+                if times is hooked:
+                    model.register_comm_hook(None, default_hooks.allreduce_hook)
                 optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
                 sampler = DistributedSampler(data, seed=0)
                 loader = DataLoader(data, LOCAL_BSZ, sampler=sampler)
@@ -117,7 +123,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
         medians = [
             statistics.median(t[k] for t in times) * 1e3
             for k in (0, 1)
-            for times in (plain, views, elastic)
+            for times in (plain, views, elastic, hooked)
         ]
         out.write_text(" ".join(map(str, [world, *medians, extra_bytes / params, params])))
     dist.barrier()
@@ -154,18 +160,19 @@ def main() -> None:
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}")
     print(
         "| processes | time | plain DDP ms/step | plain DDP, bucket views | elastic "
-        "| elastic vs plain | vs bucket views | extra B/param |"
+        "| elastic vs plain | vs bucket views | bucket views + torch's Python allreduce hook "
+        "| extra B/param |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        world, values, extra = row[0], [float(v) for v in row[1:7]], float(row[7])
-        for name, (plain, views, elastic) in (("wall", values[:3]), ("CPU", values[3:])):
+        world, values, extra = row[0], [float(v) for v in row[1:9]], float(row[9])
+        for name, (plain, views, elastic, hooked) in (("wall", values[:4]), ("CPU", values[4:])):
             print(
                 f"| {world} | {name} | {plain:.2f} | {views:.2f} | {elastic:.2f} "
                 f"| {(elastic / plain - 1) * 100:+.1f}% | {(elastic / views - 1) * 100:+.1f}% "
-                f"| {extra:.2f} |"
+                f"| {hooked:.2f} ({(hooked / views - 1) * 100:+.1f}%) | {extra:.2f} |"
             )
-    print(f"parameters: {rows[0][8]}; {LOCAL_BSZ} samples per process and step")
+    print(f"parameters: {rows[0][10]}; {LOCAL_BSZ} samples per process and step")
 
 
 if __name__ == "__main__":
