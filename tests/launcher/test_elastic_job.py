@@ -6,6 +6,7 @@ scaling; a state that a weights_only load would refuse fails at the first save."
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,8 @@ from torch.utils.data import TensorDataset
 
 from launcher.elastic import CheckpointError, ElasticDataLoader, ElasticDataParallel, ElasticJob
 from launcher.jobenv import JobEnvironment
-from sia_slurm.protocol import Assignment, StatePaths, StopRequest, write_document
+from launcher.runs import training_name
+from sia_slurm.protocol import Assignment, StatePaths, StopRequest, read_json, write_document
 
 SIZE = 40
 
@@ -215,3 +217,28 @@ def test_noise_is_measured_on_pairs_of_steps_every_control_interval(make_env) ->
     run.train(1, after=lambda r: measured.append(r.job.step) if r.job.measuring else None)
     assert measured == [2, 3, 6, 7]
     assert run.job.noise.samples == 2
+
+
+def test_sigterm_checkpoints_the_agreed_step_and_records_terminated(make_env) -> None:  # type: ignore[no-untyped-def]
+    env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
+    run = Run(env)
+    training = StatePaths(env.state_dir).job_dir(env.sia_id) / training_name("7", 0)
+    assert read_json(training)["end"] is None  # rank 0 said that the run began
+
+    def terminate(run: Run) -> None:
+        if run.job.step == 1:
+            run.job.signals.terminate = signal.SIGTERM  # as the handler does
+
+    with pytest.raises(SystemExit) as ended:
+        run.train(3, after=terminate)
+    assert ended.value.code == 0
+    assert run.job.checkpoints.steps() == [2]  # the step in flight completed, then saved
+    assert read_json(training) | {"time": 0} == {"steps": 2, "end": "terminated", "time": 0}
+
+
+def test_completion_is_recorded_only_when_the_epochs_run_out(make_env) -> None:  # type: ignore[no-untyped-def]
+    env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
+    run = Run(env)
+    run.train(1)
+    training = StatePaths(env.state_dir).job_dir(env.sia_id) / training_name("7", 0)
+    assert read_json(training)["end"] == "completed" and read_json(training)["steps"] == 5

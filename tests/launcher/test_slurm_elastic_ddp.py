@@ -32,8 +32,10 @@ from sia_slurm.protocol import (
     Assignment,
     JobSpec,
     MetricsReport,
+    RunExit,
     StatePaths,
     StopRequest,
+    exit_name,
     read_document,
     write_document,
 )
@@ -153,6 +155,11 @@ def test_ddp_script_moves_1_2_4_gpus_across_types(
         wait_for(f"a report from {gpu_type}", lambda t=gpu_type: report_from(t), 30, job_out)  # type: ignore[misc]
     stop(4, 2)
     runner.run(["scancel", job_id])
+    for run in range(3):  # each run's launcher judged it from rank 0's record: stopped
+        path = paths.job_dir(sia_id) / exit_name(job_id, run)
+        wait_for(f"exit record of run {run}", path.exists, 60, job_out)
+        record = read_document(RunExit, path)
+        assert (record.cause, record.status) == ("stopped", 75), record
 
     # ---- what each run trained on --------------------------------------------------------
     rows = read_rows(samples)
