@@ -17,8 +17,10 @@ The GPU path, which cannot be run on this project's CI (no GPU), is these few li
   collective waits for a peer. It bounds how long a surviving rank hangs when another died
   (gloo honours it as well).
 
-A run by hand (``WORLD_SIZE`` unset or 1) gets a one-process gloo group on an in-memory store,
-so ``DistributedDataParallel`` can wrap the model in every case: one code path.
+A run by hand (``WORLD_SIZE`` unset or 1) gets a one-process group of the same backend on an
+in-memory store, so ``DistributedDataParallel`` can wrap the model in every case: one code
+path. (No GPU was available to this project's tests: the CUDA lines above, and the CUDA
+future of the one-replica communication hook, are written from PyTorch's documentation.)
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def init_process_group() -> tuple[int, int, torch.device]:
     timeout = datetime.timedelta(seconds=collective_timeout())
     backend = choose_backend(device.type == "cuda", dist.is_nccl_available())
     if world <= 1:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         return 0, 1, device
     if backend == "nccl":
         for name, value in _NCCL_DEFAULTS.items():

@@ -162,7 +162,8 @@ class ElasticDataParallel(torch.nn.Module):
             return result
 
         if job.replicas == 1:
-            future: torch.futures.Future = torch.futures.Future()
+            devices = [buffer.device] if buffer.is_cuda else None  # a CUDA future for CUDA
+            future: torch.futures.Future = torch.futures.Future(devices=devices)
             future.set_result([buffer])
         else:
             future = dist.all_reduce(buffer, async_op=True).get_future()  # type: ignore[union-attr]

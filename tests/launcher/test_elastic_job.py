@@ -19,6 +19,9 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from launcher.elastic import CheckpointError, ElasticDataLoader, ElasticDataParallel, ElasticJob
+from launcher.elastic.distributed import DistributedError, choose_backend, collective_timeout
+from launcher.elastic.lr import LRScaling, default_rule
+from launcher.elastic.noise import GradientNoise
 from launcher.jobenv import JobEnvironment
 from launcher.runs import training_name
 from sia_slurm.protocol import Assignment, StatePaths, StopRequest, read_json, write_document
@@ -242,3 +245,21 @@ def test_completion_is_recorded_only_when_the_epochs_run_out(make_env) -> None: 
     run.train(1)
     training = StatePaths(env.state_dir).job_dir(env.sia_id) / training_name("7", 0)
     assert read_json(training)["end"] == "completed" and read_json(training)["steps"] == 5
+
+
+def test_backend_follows_the_device_and_the_timeout_is_checked() -> None:
+    assert choose_backend(cuda_available=True, nccl_available=True) == "nccl"
+    assert choose_backend(cuda_available=True, nccl_available=False) == "gloo"
+    assert choose_backend(cuda_available=False, nccl_available=True) == "gloo"
+    assert collective_timeout({}) == 300.0
+    assert collective_timeout({"SIA_COLLECTIVE_TIMEOUT_S": "42.5"}) == 42.5
+    for bad in ("0", "-3", "soon"):
+        with pytest.raises(DistributedError, match=f"SIA_COLLECTIVE_TIMEOUT_S: .*'{bad}'"):
+            collective_timeout({"SIA_COLLECTIVE_TIMEOUT_S": bad})
+
+
+def test_the_lr_rule_follows_the_optimizer_unless_given() -> None:
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    assert default_rule(torch.optim.SGD(params, lr=0.1)) == "adascale"
+    assert default_rule(torch.optim.AdamW(params)) == "sqrt"
+    assert LRScaling(lambda scale: scale**0.25, 8).factor(128, GradientNoise(8)) == 2.0
