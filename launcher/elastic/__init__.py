@@ -1,5 +1,11 @@
 """Training-side helpers that make a PyTorch script elastic under the Sia controller.
 
+A script written for ``DistributedDataParallel`` keeps its loop and changes a few lines
+(``docs/protocol.md``, "Making a DDP script elastic"): :func:`init` instead of
+``init_process_group``, :class:`ElasticDataParallel` instead of DDP, :class:`ElasticDataLoader`
+instead of a DataLoader with a DistributedSampler, :func:`remaining_epochs` instead of
+``range(epochs)``, and ``model.clip_grad_norm_`` for clipping.
+
 The public surface is small: :class:`ElasticTrainer` drives the loop (see its module for the
 four-line change a script makes); the pieces it is built from are usable on their own and are
 tested separately: :class:`ElasticSampler` (resumable data order), :class:`CheckpointManager`
@@ -8,19 +14,32 @@ tested separately: :class:`ElasticSampler` (resumable data order), :class:`Check
 """
 
 from launcher.elastic.checkpoint import CheckpointError, CheckpointManager
+from launcher.elastic.data import ElasticDataLoader
+from launcher.elastic.job import ElasticJob, ElasticJobError, current_job, init
 from launcher.elastic.lr import RULES as LR_SCALING_RULES
 from launcher.elastic.lr import LRScaling
 from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
+from launcher.elastic.parallel import ElasticDataParallel
 from launcher.elastic.sampler import ElasticSampler, SamplerError, StepPlan
 from launcher.elastic.trainer import Batch, ElasticTrainer, Step, TrainerError
 from launcher.jobenv import JobEnvironment
+
+
+def remaining_epochs(max_epochs: int, *, max_steps: int | None = None):  # type: ignore[no-untyped-def]
+    """The epochs still to train by the process's job (``range(max_epochs)`` made resumable)."""
+    return current_job().remaining_epochs(max_epochs, max_steps=max_steps)
+
 
 __all__ = [
     "LR_SCALING_RULES",
     "Batch",
     "CheckpointError",
     "CheckpointManager",
+    "ElasticDataLoader",
+    "ElasticDataParallel",
+    "ElasticJob",
+    "ElasticJobError",
     "ElasticSampler",
     "ElasticTrainer",
     "GradientNoise",
@@ -31,4 +50,7 @@ __all__ = [
     "Step",
     "StepPlan",
     "TrainerError",
+    "current_job",
+    "init",
+    "remaining_epochs",
 ]

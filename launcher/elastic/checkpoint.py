@@ -14,12 +14,21 @@ renames, or a file truncated later) leaves at worst an incomplete newest checkpo
 removed after each save. Only rank 0 saves; every rank may load.
 
 Loading uses ``torch.load(weights_only=True)``: tensors, numbers, strings, lists and dicts,
-which is what model, optimizer, scheduler and sampler state dicts hold. A complete checkpoint
-that cannot be unpickled is an error, not a reason to fall back silently.
+which is what model, optimizer, scheduler and sampler state dicts hold. A state that such a
+load would refuse (a numpy array, a user class in the user's dict) is refused by
+:meth:`CheckpointManager.save` already, naming the key, so it fails at the first save and not
+at the first restart. A complete checkpoint that cannot be unpickled is an error, not a reason
+to fall back silently.
+
+*Extras* are small side files of a checkpoint (``ckpt-N.pt.<name>``, e.g. the RNG states of
+every rank), written before the digest, so a complete checkpoint has them all. At restart
+rank 0 verifies the digest and chooses the step; the other ranks load the chosen file memory
+mapped (:meth:`CheckpointManager.load_trusted`) without reading it whole to hash it again.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import logging
@@ -68,17 +77,24 @@ class CheckpointManager:
 
     # ---- save --------------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as the checkpoint of ``step``; durable when this returns."""
+    def extra_path(self, step: int, name: str) -> Path:
+        return self.directory / f"ckpt-{step:010d}.pt.{name}"
+
+    def save(self, step: int, state: dict[str, Any], extras: dict[str, Any] | None = None) -> Path:
+        """Write ``state`` (and its ``extras``) as the checkpoint of ``step``; durable when
+        this returns. A state a ``weights_only`` load would refuse raises CheckpointError."""
         if step < 0:
             raise ValueError(f"step: expected >= 0, got {step}")
+        check_loadable(state)
+        for name, extra in (extras or {}).items():
+            check_loadable(extra, f"{name}")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"{self.directory}: cannot create: {exc.strerror}") from None
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getbuffer()
+        for name, extra in (extras or {}).items():
+            self._write_atomic(self.extra_path(step, name), _serialise(extra))
+        data = _serialise(state)
         path = self.path(step)
         self._write_atomic(path, data)
         digest = f"{hashlib.sha256(data).hexdigest()} {len(data)}\n".encode()
@@ -112,7 +128,8 @@ class CheckpointManager:
                 continue
             path = self.path(step)
             path.unlink(missing_ok=True)
-            self.digest_path(path).unlink(missing_ok=True)
+            for side in self.directory.glob(f"{path.name}.*"):  # digest and extras
+                side.unlink(missing_ok=True)
         for leftover in self.directory.glob(".ckpt-*.tmp"):
             leftover.unlink(missing_ok=True)  # only rank 0 writes: these are from dead writers
 
@@ -145,6 +162,23 @@ class CheckpointManager:
             return candidate, state
         return None
 
+    def load_trusted(self, step: int) -> dict[str, Any]:
+        """The state of ``step``, which rank 0 verified: memory mapped, not hashed again."""
+        try:
+            return torch.load(self.path(step), map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:
+            raise CheckpointError(f"{self.path(step)}: cannot be loaded: {exc}") from None
+
+    def load_extra(self, step: int, name: str) -> Any:
+        """The extra ``name`` of ``step``'s checkpoint, ``None`` if it has none."""
+        path = self.extra_path(step, name)
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot be loaded: {exc}") from None
+
     def _read_verified(self, step: int) -> bytes | None:
         path = self.path(step)
         digest_path = self.digest_path(path)
@@ -169,6 +203,70 @@ class CheckpointManager:
             )
             return None
         return data
+
+
+_SAFE_LEAVES = (
+    torch.Tensor,
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    type(None),
+    complex,
+    torch.dtype,
+    torch.device,
+    torch.Size,
+)
+
+
+def check_loadable(value: Any, where: str = "state") -> None:
+    """Raise CheckpointError if ``torch.load(weights_only=True)`` would refuse ``value``,
+    naming the offending key (``state['user']['table']``). Containers are walked; a leaf of
+    another type is tried alone through a real ``weights_only`` load (types the user
+    allowed with ``torch.serialization.add_safe_globals`` pass)."""
+    if type(value) in _SAFE_LEAVES or type(value) is torch.nn.Parameter:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool, type(None), tuple)):
+                raise CheckpointError(
+                    f"checkpoint {where}: key {key!r} of type {type(key).__name__} cannot be "
+                    "loaded with torch.load(weights_only=True); use str or int keys"
+                )
+            check_loadable(item, f"{where}[{key!r}]")
+        if type(value) not in (dict, collections.OrderedDict):
+            _try_alone(value, where)
+        return
+    if isinstance(value, (list, tuple, set)):
+        for index, item in enumerate(value):
+            check_loadable(item, f"{where}[{index}]")
+        if type(value) not in (list, tuple, set):
+            _try_alone(value, where)
+        return
+    _try_alone(value, where)
+
+
+def _try_alone(value: Any, where: str) -> None:
+    try:
+        torch.load(io.BytesIO(_serialise(value)), weights_only=True)
+    except Exception as exc:
+        lines = str(exc).splitlines()
+        first = next((line.strip() for line in lines if "Unsupported global" in line), "")
+        first = first.split(" was not")[0] or type(exc).__name__
+        raise CheckpointError(
+            f"checkpoint {where}: a {type(value).__module__}.{type(value).__qualname__} "
+            "cannot be loaded with torch.load(weights_only=True) at restart; store tensors, "
+            "numbers, strings, lists or dicts (e.g. torch.from_numpy(array), or a state "
+            "dict), or allow the type with torch.serialization.add_safe_globals "
+            f"({first})"
+        ) from None
+
+
+def _serialise(value: Any) -> memoryview:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getbuffer()
 
 
 def _read_digest(path: Path) -> tuple[str, int] | None:

@@ -11,6 +11,13 @@ by a rule (reference section 7):
 - ``linear``: ``M / M0`` (Goyal et al.);
 - ``none``: unchanged.
 
+The elastic wrappers (:class:`~launcher.elastic.ElasticDataParallel`) take the rule by name or
+choose it from the optimizer (:func:`default_rule`): ``adascale`` for the SGD family, whose
+update is linear in the gradient (AdaScale's derivation assumes it), ``sqrt`` for Adam-like
+optimizers that normalise the update by the gradient's second moment (the update's size
+does not grow with the batch, and the square-root rule is the usual choice for them, e.g.
+Malladi et al. 2022). A user rule is any ``Callable[[float], float]`` of the scale ``M/M0``.
+
 The factor is applied around ``optimizer.step()`` only and taken off again afterwards, so the
 LR scheduler keeps stepping on the unscaled values and its state stays M0-based.
 """
@@ -18,7 +25,7 @@ LR scheduler keeps stepping on the unscaled values and its state stays M0-based.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -26,13 +33,28 @@ import torch
 from launcher.elastic.noise import GradientNoise
 
 RULES = ("adascale", "sqrt", "linear", "none")
+ADAPTIVE_OPTIMIZERS = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adagrad,
+    torch.optim.Adadelta,
+    torch.optim.RMSprop,
+)
+
+
+def default_rule(optimizer: torch.optim.Optimizer) -> str:
+    """``sqrt`` for an Adam-like (adaptive) optimizer, ``adascale`` otherwise (SGD family)."""
+    return "sqrt" if isinstance(optimizer, ADAPTIVE_OPTIMIZERS) else "adascale"
 
 
 class LRScaling:
     """A batch-size scaling rule for the learning rate of one optimizer."""
 
-    def __init__(self, rule: str, init_batch_size: int):
-        if rule not in RULES:
+    def __init__(self, rule: str | Callable[[float], float], init_batch_size: int):
+        if not callable(rule) and rule not in RULES:
             raise ValueError(f"lr scaling rule: expected one of {', '.join(RULES)}, got {rule!r}")
         if init_batch_size < 1:
             raise ValueError(f"init_batch_size: expected >= 1, got {init_batch_size}")
@@ -42,6 +64,8 @@ class LRScaling:
     def factor(self, batch_size: int, noise: GradientNoise) -> float:
         """The multiplier of the M0 learning rate at global batch ``batch_size``."""
         scale = batch_size / self.init_batch_size
+        if callable(self.rule):
+            return float(self.rule(scale))
         if self.rule == "adascale":
             return noise.gain(batch_size)
         if self.rule == "sqrt":

@@ -1,0 +1,265 @@
+"""A DistributedDataParallel that follows the batch the scheduler assigns.
+
+``ElasticDataParallel(model, optimizer, scheduler=..., scaler=...)`` replaces
+``DistributedDataParallel(model)``. PyTorch's DDP does the communication (bucketed, overlapped
+with the backward pass, gradients as views of its buckets); this wrapper adds, without a copy
+of the gradients:
+
+- **gradient accumulation**: on a micro-batch that is not the last of its step (the loader
+  knows) the forward runs without DDP's sync, and the user's ``optimizer.step()``,
+  ``optimizer.zero_grad()``, ``scaler.unscale_/step/update`` and :meth:`clip_grad_norm_` are
+  no-ops, so the script's loop stays the same;
+- **weighting**: the communication hook divides the buckets by ``replicas x micro-batches``
+  (DDP's own hook divides by ``replicas``), so the reduced gradient is the mean over the
+  global batch; on an epoch's uneven last step a per-parameter hook weighs each micro-batch by
+  its size (padding micro-batches weigh 0);
+- **gradient-noise statistics** (launcher/elastic/noise.py): the squared norm of each bucket
+  before the all-reduce (one replica's gradient) and after it (the mean gradient), a dot
+  product over DDP's own buffer; with accumulation, the squared norm of each micro-batch's
+  gradient as the parameter hooks receive it, before it is accumulated. All are divided by
+  the squared loss scale (the values are those of the unscaled gradient). Only a job on one
+  replica without accumulation keeps a copy of the previous step's gradient (Pollux's
+  estimate from two consecutive steps needs it);
+- **learning-rate scaling** around the real ``optimizer.step()`` (launcher/elastic/lr.py):
+  the rule given, or AdaScale for the SGD family and the square-root rule for Adam-like
+  optimizers;
+- **checkpointed state**: the module, optimizer, scheduler and GradScaler state are restored
+  from the job's newest checkpoint when the wrapper is made (before DDP broadcasts rank 0's
+  parameters) and saved with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.elastic.job import ElasticJob, StepStats, current_job
+from launcher.elastic.lr import LRScaling, default_rule
+
+logger = logging.getLogger(__name__)
+
+
+class ElasticDataParallel(torch.nn.Module):
+    """``DistributedDataParallel`` made elastic (see the module docstring)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        scheduler: Any = None,
+        scaler: torch.amp.GradScaler | None = None,
+        lr_scaling: str | Callable[[float], float] | None = None,
+        job: ElasticJob | None = None,
+        **ddp_options: Any,
+    ):
+        super().__init__()
+        self.job = job if job is not None else current_job()
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        rule = lr_scaling if lr_scaling is not None else default_rule(optimizer)
+        self.scaling = LRScaling(rule, self.job.env.init_batch_size)
+        state = self.job.attach_model(self)
+        if state is not None:
+            self._load_training_state(module, state)
+        device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
+        ddp_options.setdefault("gradient_as_bucket_view", True)
+        self.ddp = DistributedDataParallel(module, device_ids=device_ids, **ddp_options)
+        self.ddp.register_comm_hook(None, self._communicate)
+        self._hooks: list[Any] = []  # armed only for steps that need them (arm_hooks)
+        # one replica without accumulation: the previous step's gradient, copied over in place
+        self.previous_gradient: dict[int, torch.Tensor] = {}
+        self._patch_optimizer()
+        if scaler is not None:
+            self._patch_scaler(scaler)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped model (as ``DistributedDataParallel.module``)."""
+        return self.ddp.module
+
+    @property
+    def syncing(self) -> bool:
+        """Whether the current micro-batch ends its optimizer step."""
+        return not self.job.accumulating
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.ddp.require_backward_grad_sync = not self.job.accumulating
+        return self.ddp(*args, **kwargs)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """``torch.nn.utils.clip_grad_norm_`` of the averaged gradient, on the step's last
+        micro-batch only (call it after ``scaler.unscale_(optimizer)`` with AMP)."""
+        if self.job.accumulating:
+            return None
+        return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm, norm_type)
+
+    # ---- hooks -------------------------------------------------------------------------------
+
+    def arm_hooks(self, needed: bool) -> None:
+        """Register the per-parameter hooks for a step that needs them (accumulation with
+        noise norms, or an uneven step's weights), and remove them otherwise: a Python call
+        per parameter and micro-batch is the wrappers' largest cost on a plain step."""
+        if needed and not self._hooks:
+            self._hooks = [
+                p.register_hook(self._on_parameter_gradient)
+                for p in self.module.parameters()
+                if p.requires_grad
+            ]
+        elif not needed and self._hooks:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
+
+    def _on_parameter_gradient(self, grad: torch.Tensor) -> torch.Tensor | None:
+        """One micro-batch's local gradient of one parameter, before accumulation."""
+        micro = self.job.current
+        if micro is None:
+            return None
+        if micro.plan.uniform and micro.count > 1 and self.job.measuring:
+            self.job.stats.micro_sqr.append(_sqr(grad))
+        return None if micro.weight == 1.0 else grad * micro.weight
+
+    def _communicate(self, _state, bucket):  # type: ignore[no-untyped-def]
+        """DDP's all-reduce of one bucket (a ``dist.GradBucket``; DDP refuses string
+        annotations), divided by replicas x micro-batches, with the bucket's squared norm
+        before and after. Returns the future of the reduced buffer."""
+        job, stats = self.job, self.job.stats
+        micro = job.current
+        buffer = bucket.buffer()
+        count = micro.count if micro is not None else 1
+        uniform = micro is not None and micro.plan.uniform and job.measuring
+        single = uniform and job.replicas == 1 and count == 1  # Pollux's two-step estimate
+        if uniform and count == 1 and job.replicas > 1:
+            stats.local_sqr.append(_sqr(buffer))
+        if bucket.is_last():
+            stats.sync_ready = time.perf_counter()
+        divisor = job.replicas * count
+        if divisor != 1:
+            buffer.div_(divisor)
+
+        def reduced(future: torch.futures.Future) -> torch.Tensor:
+            result = future.value()[0]
+            if uniform and not single:
+                stats.global_sqr.append(_sqr(result))
+            if single:  # per parameter: DDP re-orders its buckets after the first step
+                params = bucket.parameters()
+                if result.data_ptr() == buffer.data_ptr():
+                    grads = bucket.gradients()
+                else:
+                    grads = _split(result, params)
+                for param, grad in zip(params, grads, strict=True):
+                    self._keep_single(param, grad, stats)
+            if bucket.is_last():
+                stats.sync_done = time.perf_counter()
+            return result
+
+        if job.replicas == 1:
+            devices = [buffer.device] if buffer.is_cuda else None  # a CUDA future for CUDA
+            future: torch.futures.Future = torch.futures.Future(devices=devices)
+            future.set_result([buffer])
+        else:
+            future = dist.all_reduce(buffer, async_op=True).get_future()  # type: ignore[union-attr]
+        return future.then(reduced)
+
+    def _keep_single(self, param: torch.Tensor, grad: torch.Tensor, stats: StepStats) -> None:
+        """One replica, one micro-batch: ``|g|^2`` and ``g . g_previous`` of one parameter,
+        then ``g`` over the previous step's copy (in place: one copy of the gradient in all)."""
+        flat = grad.detach().reshape(-1)
+        stats.single_sqr.append(_sqr(flat))
+        previous = self.previous_gradient.get(id(param))
+        if previous is not None and previous.shape == flat.shape:
+            stats.single_cross.append(_dot(previous, flat))
+            previous.copy_(flat)
+        else:
+            self.previous_gradient[id(param)] = flat.clone()
+
+    # ---- the user's optimizer and scaler, made accumulation-aware ----------------------------
+
+    def _patch_optimizer(self) -> None:
+        optimizer, job, scaling = self.optimizer, self.job, self.scaling
+        real_step, real_zero_grad = optimizer.step, optimizer.zero_grad
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if job.accumulating:
+                return None
+            factor = scaling.factor(job.batch.batch_size, job.noise)
+            with scaling.applied(optimizer, factor):
+                return real_step(*args, **kwargs)
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            if not job.accumulating:
+                real_zero_grad(set_to_none)
+
+        if getattr(real_step, "_wrapped_by_lr_sched", False):
+            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # the scheduler's check
+        optimizer.step = step  # type: ignore[method-assign]
+        optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+
+    def _patch_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        job = self.job
+        real_unscale, real_step, real_update = scaler.unscale_, scaler.step, scaler.update
+
+        def unscale_(optimizer: torch.optim.Optimizer) -> None:
+            if not job.accumulating:
+                real_unscale(optimizer)
+
+        def step(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            return None if job.accumulating else real_step(optimizer, *args, **kwargs)
+
+        def update(new_scale: float | torch.Tensor | None = None) -> None:
+            if not job.accumulating:
+                real_update(new_scale)
+
+        scaler.unscale_ = unscale_  # type: ignore[method-assign]
+        scaler.step = step  # type: ignore[method-assign]
+        scaler.update = update  # type: ignore[method-assign]
+
+    # ---- checkpointed state ------------------------------------------------------------------
+
+    def training_state(self) -> dict[str, Any]:
+        """The user's training state for the job's checkpoint."""
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+        }
+
+    def _load_training_state(self, module: torch.nn.Module, state: dict[str, Any]) -> None:
+        module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def _sqr(tensor: torch.Tensor) -> torch.Tensor:
+    """``|tensor|^2`` as a float32 device scalar, without a copy for float32/64 tensors."""
+    flat = tensor.reshape(-1)
+    if flat.dtype in (torch.float32, torch.float64):
+        return torch.dot(flat, flat)
+    return torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+
+
+def _dot(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    if left.dtype in (torch.float32, torch.float64):
+        return torch.dot(left, right)
+    return torch.dot(left.float(), right.float())
+
+
+def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped as ``params``, in order."""
+    views, offset = [], 0
+    for param in params:
+        views.append(flat[offset : offset + param.numel()].view_as(param))
+        offset += param.numel()
+    return views
