@@ -60,9 +60,18 @@ def check_live(config: SiaConfig, inventory: SlurmInventory) -> LiveCheckReport:
                     "the scheduler until it is back"
                 )
     mapped_names = {p.name for p in config.partitions}
+    managed_nodes = {n.name for name in mapped_names for n in inventory.nodes_of(name)}
     for partition in inventory.partitions:
         gpu_nodes = [n for n in inventory.nodes_of(partition.name) if n.gpus() > 0]
-        if partition.name not in mapped_names and gpu_nodes:
+        if partition.name in mapped_names or not gpu_nodes:
+            continue
+        if all(n.name in managed_nodes for n in gpu_nodes):
+            # An overlay such as a preempting partition: said, but nothing is wrong with it.
+            warnings.append(
+                f"partition {partition.name!r} overlays managed nodes: its jobs' GPUs count as "
+                "taken, and a managed job it preempts is brought back from its checkpoint"
+            )
+        else:
             warnings.append(
                 f"partition {partition.name!r} has GPU nodes but is not mapped: "
                 "sia-slurm will not schedule onto it"

@@ -289,9 +289,15 @@ def jobs(site: Site) -> dict[str, tuple[str, str]]:
         train=True,
     )  # fmt: skip
     alice_id = "alice-wide"
+    # restart_cost 0.1 s: the tests requeue her job (the controller undoing her reshape and
+    # her requeue), and Sia's restart factor max(age - restarts * S, 0) / (age + S) with the
+    # default S = 30 s keeps a job requeued between 30 s and ~5 min of age waiting (p = -0.5,
+    # lambda_n = 1.1: started only once the factor exceeds 0.83): seen in every loaded run,
+    # where the module reaches the reshape after the job's first 30 s. What is tested here is
+    # the enforcement, not that timing of the policy.
     spec = JobSpec(
         sia_id=alice_id, app="cifar10", kind=JobKind.PINNED, requested_gpus=8,
-        requested_gpu_type="rtx", init_batch_size=256,
+        requested_gpu_type="rtx", init_batch_size=256, restart_cost=0.1,
     )  # fmt: skip
     site.job_dir_of(site.accounts.alice.name, alice_id, json.dumps(to_json(spec)))
     alice = (site.marked_job(site.accounts.alice.name, alice_id, "rtx", nodes=2), alice_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sia_slurm.config import parse_config
@@ -56,3 +57,34 @@ def test_mismatches_are_each_reported() -> None:
         "partitions.v100: Slurm has no partition 'v100' (it has: a100, rtx, t4)",
     )
     assert "partition 't4' has GPU nodes but is not mapped" in report.warnings[-1]
+
+
+def test_an_unmapped_partition_over_managed_nodes_is_said_as_an_overlay() -> None:
+    """A preempting partition over the managed nodes (the dev cluster's hidden ``urgent``)
+    is no mistake: said for what it is, not as GPUs the scheduler cannot reach."""
+    urgent = (
+        "PartitionName=urgent AllowGroups=ALL Default=NO Hidden=YES Nodes=a100-[1-2],t4-1 "
+        "PriorityTier=10 State=UP TotalNodes=3"
+    )
+    partitions = (FIXTURES / "show-partition.txt").read_text() + urgent + "\n"
+    lines = (FIXTURES / "show-node.txt").read_text().splitlines()
+    overlaid = ("NodeName=a100-1 ", "NodeName=a100-2 ", "NodeName=t4-1 ")
+    nodes = "\n".join(  # each node lists the partitions it is in
+        re.sub(r"Partitions=(\S+)", r"Partitions=\1,urgent", line) if line.startswith(overlaid)
+        else line
+        for line in lines
+    )  # fmt: skip
+    inventory = SlurmInventory(parse_partitions(partitions), parse_nodes(nodes))
+    report = check_live(
+        config(
+            "  a100: {gpu_type: a100, gpus_per_node: 4}\n"
+            "  rtx: {gpu_type: rtx, gpus_per_node: 4}\n"
+            "  t4: {gpu_type: t4, gpus_per_node: 4}\n"
+        ),
+        inventory,
+    )
+    assert report.ok
+    assert report.warnings[-1] == (
+        "partition 'urgent' overlays managed nodes: its jobs' GPUs count as taken, and a "
+        "managed job it preempts is brought back from its checkpoint"
+    )
