@@ -73,6 +73,10 @@ class JobSnapshot:
     finish_time: float | None = None
     slurm_job_id: str = ""
     message: str = ""
+    # Who the job belongs to, as the cluster says (Slurm's user and account; the workload's in
+    # the simulator): what its fair share is counted against (:mod:`sia_slurm.policy.shares`).
+    user: str = ""
+    account: str = ""
 
     @property
     def sia_id(self) -> str:

@@ -39,6 +39,14 @@ from sia_slurm.policy.base import (
     PolicyInput,
 )
 from sia_slurm.policy.placement import Placement, place
+from sia_slurm.policy.shares import (
+    EQUAL_USERS,
+    JobOwner,
+    SharesConfig,
+    UsageLedger,
+    account_parts,
+    job_weights,
+)
 from sia_slurm.protocol import JobSpec, MetricsReport
 
 logger = logging.getLogger(__name__)
@@ -82,8 +90,12 @@ class RoundOutcome:
 class Controller:
     """Runs rounds against snapshots; keeps each job's goodput model and the policy's memory."""
 
-    def __init__(self, policy: Policy, estimator_for: EstimatorBuilder) -> None:
+    def __init__(
+        self, policy: Policy, estimator_for: EstimatorBuilder, shares: SharesConfig = EQUAL_USERS
+    ) -> None:
         self.policy = policy
+        self.shares = shares
+        self.usage = UsageLedger(half_life_s=shares.usage_half_life_s)
         self._estimator_for = estimator_for
         self.jobs: dict[str, JobRecord] = {}
         self.previous: Allocation | None = None
@@ -105,6 +117,7 @@ class Controller:
             previous=self.previous,
             now=snapshot.time,
             round_index=self.round_index,
+            weights=self._weights(live, snapshot.time),
         )
         allocation = self.policy.solve(policy_input)
         t2 = time.perf_counter()
@@ -172,6 +185,19 @@ class Controller:
         except ValueError as exc:
             return [f"metrics for {report.sia_id}: {exc}; ignored"]
         return []
+
+    def _weights(self, live: list[JobSnapshot], now: float) -> dict[str, float]:
+        """Each live job's weight from the site's shares and each account's recent GPU time
+        (:mod:`sia_slurm.policy.shares`)."""
+        owners = [JobOwner(job.sia_id, job.user, job.account) for job in live]
+        held: dict[str, float] = {}
+        for job, owner in zip(live, owners, strict=True):
+            if job.phase.holds_gpus and job.config is not None:
+                account = self.shares.account_of(owner.user, owner.account)
+                held[account] = held.get(account, 0.0) + job.config.gpus
+        self.usage.record(now, held)
+        factors = self.usage.factors(account_parts(owners, self.shares))
+        return job_weights(owners, self.shares, factors)
 
     def _view(self, job: JobSnapshot, now: float) -> JobView:
         holds = job.phase.holds_gpus

@@ -241,6 +241,7 @@ def build_columns(policy_input: PolicyInput, config: SiaPolicyConfig) -> list[Jo
     costs = column_costs(jobs, [item[3] for item in scored], rows, config)
     columns = []
     for (job, configs, forced, current), row, cost in zip(scored, rows, costs, strict=True):
+        cost *= policy_input.weight(job.job_id)  # the job's fair share (policy/shares.py)
         if forced and np.isnan(cost[current]):
             cost[current] = 0.0  # kept even if the model predicts nothing there
         columns.append(JobColumns(job, configs, row, cost, forced, current))
