@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from sia_slurm.core import Configuration, GoodputEstimator, GoodputRow, JobKind
+from sia_slurm.policy.limits import GpuLimit
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,8 @@ class PolicyInput:
     round_index: int = 0
     # Per job, its weight in the objective from the site's shares (:mod:`.shares`); absent: 1.
     weights: Mapping[str, float] = field(default_factory=dict)
+    # GPU limits from Slurm's associations and QOS (:mod:`.limits`): shared caps on sets of jobs.
+    limits: tuple[GpuLimit, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [job.job_id for job in self.jobs]

@@ -34,6 +34,7 @@ from sia_slurm.policy.base import (
     restart_factor,
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
+from sia_slurm.policy.limits import GpuLimit, coupling_rows
 from sia_slurm.policy.settings import SiaPolicyConfig
 from sia_slurm.policy.sia_milp import CouplingRows, Program
 from sia_slurm.policy.sia_solve import solve
@@ -285,6 +286,23 @@ class Assembled:
     fixed: dict[int, int]  # forced jobs: columns-list index -> config index
 
 
+def limit_rows(columns: list[JobColumns], limits: tuple[GpuLimit, ...]) -> CouplingRows | None:
+    """The site's GPU limits (:mod:`.limits`) as :func:`assemble`'s ``extra`` rows: one per
+    limit over every job configuration in ``columns`` order, its capacity less the GPUs that
+    forced jobs under it keep."""
+    if not limits or not columns:
+        return None
+    owner = np.repeat(np.arange(len(columns)), [len(cols.configs) for cols in columns])
+    gpus = np.array([c.gpus for cols in columns for c in cols.configs], dtype=np.float64)
+    fixed = {
+        i: cols.configs[cols.current].gpus  # type: ignore[index]
+        for i, cols in enumerate(columns)
+        if cols.forced
+    }
+    rows = coupling_rows(limits, [cols.job.job_id for cols in columns], owner, gpus, fixed)
+    return None if rows is None else CouplingRows(rows[0].T.copy(), rows[1])
+
+
 def assemble(
     columns: list[JobColumns], cluster: ClusterView, extra: CouplingRows | None = None
 ) -> Assembled:
@@ -367,7 +385,7 @@ class SiaPolicy:
         columns = release_forced(
             build_columns(policy_input, self.config), cluster, policy_input.round_index
         )
-        assembled = assemble(columns, cluster)
+        assembled = assemble(columns, cluster, limit_rows(columns, policy_input.limits))
         result = solve(
             assembled.program,
             self.config.time_limit_s,
