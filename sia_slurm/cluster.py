@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from sia_slurm.accounts import SiteAccounting
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare, NodeView
 from sia_slurm.protocol import JobSpec, MetricsReport
@@ -77,6 +78,7 @@ class JobSnapshot:
     # the simulator): what its fair share is counted against (:mod:`sia_slurm.policy.shares`).
     user: str = ""
     account: str = ""
+    qos: str = ""
 
     @property
     def sia_id(self) -> str:
@@ -98,6 +100,8 @@ class ClusterSnapshot:
     jobs: tuple[JobSnapshot, ...]
     reports: tuple[MetricsReport, ...] = ()
     rejected: tuple[str, ...] = ()  # one message per bad metrics file
+    # Slurm accounting's associations and QOS (shares, GPU limits); None: no accounting.
+    site: SiteAccounting | None = None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ class JobOwner:
     job_id: str
     user: str = ""
     account: str = ""
+    qos: str = ""
 
 
 def job_weights(
