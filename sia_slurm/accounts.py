@@ -121,3 +121,17 @@ class SiteAccounting:
         return tuple(
             GpuLimit(name, frozenset(jobs), sizes[name]) for name, jobs in sorted(groups.items())
         )
+
+
+def shares_source(accounting: bool | None, configured: bool) -> str:
+    """Where the shares the controller uses come from, in words (``config check``,
+    ``status``). ``accounting``: whether Slurm runs slurmdbd (None: not asked)."""
+    if accounting:
+        return "shares: Slurm's association shares and GPU limits (accounting is on)"
+    config = "the config's shares: section" if configured else "equal shares per user"
+    if accounting is None:
+        return (
+            f"shares: {config}; with Slurm accounting (slurmdbd) its association shares and "
+            "GPU limits are used instead"
+        )
+    return f"shares: {config} (Slurm has no accounting: no association shares or GPU limits)"

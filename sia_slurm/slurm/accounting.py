@@ -35,6 +35,7 @@ QOS_FIELDS = "Name,GrpTRES,MaxTRESPU,MaxTRESPerJob"
 SHOW_ASSOC = ("sacctmgr", "-n", "-P", "show", "assoc", f"format={ASSOC_FIELDS}")
 SHOW_QOS = ("sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FIELDS}")
 SHOW_CONFIG = ("scontrol", "show", "config")
+SACCT_FIELDS = "JobID,Comment,Account,User,AllocTRES,ElapsedRaw,State"
 _GPU = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
 
 
@@ -97,6 +98,45 @@ def parse_qos(text: str) -> dict[str, QosLimits]:
         name: QosLimits(gpu_count(grp), gpu_count(per_user), gpu_count(per_job))
         for name, grp, per_user, per_job in _fields(text, 4, "qos")
     }
+
+
+def sacct_runs(since: str = "now-30days") -> list[str]:
+    """Every run of every job since ``since``: ``-D`` lists each run of a requeued job (one
+    Slurm job id, several runs), ``-X`` leaves out the steps."""
+    return ["sacct", "-a", "-X", "-n", "-P", "-D", "-S", since, "-o", SACCT_FIELDS]
+
+
+def parse_gpu_hours(text: str, marker: str) -> dict[str, float]:
+    """GPU-hours per sia job from :func:`sacct_runs` output: every run whose comment is
+    ``<marker>:<sia_id>`` counts its allocated GPUs times its elapsed seconds, whichever Slurm
+    job id it ran under (a moved job is requeued or resubmitted; ``AccountingStoreFlags=
+    job_comment`` keeps the comment of each run)."""
+    prefix = f"{marker}:"
+    hours: dict[str, float] = {}
+    for row in _fields(text, 7, "sacct"):
+        _, comment, _, _, tres, elapsed, _ = row
+        if not comment.startswith(prefix):
+            continue
+        try:
+            seconds = int(elapsed)
+        except ValueError:
+            raise AccountingParseError(f"sacct: ElapsedRaw {elapsed!r} in {row!r}") from None
+        sia_id = comment[len(prefix) :]
+        hours[sia_id] = hours.get(sia_id, 0.0) + (gpu_count(tres) or 0) * seconds / 3600
+    return hours
+
+
+def accounted_gpu_hours(runner: CommandRunner, marker: str) -> dict[str, float] | None:
+    """GPU-hours per sia job as Slurm accounting has them; None without accounting or when
+    sacct fails (the caller says so)."""
+    result = runner.run(list(SHOW_CONFIG), check=False)
+    if result.returncode != 0 or not accounting_enabled(result.stdout):
+        return None
+    try:
+        return parse_gpu_hours(runner.run(sacct_runs()).stdout, marker)
+    except (CommandError, AccountingParseError) as exc:
+        logger.warning("sacct failed: %s", exc)
+        return None
 
 
 @functools.lru_cache(maxsize=4096)

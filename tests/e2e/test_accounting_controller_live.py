@@ -12,6 +12,8 @@ tests/slurm/test_accounting_live.py).
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +137,19 @@ def test_grptres_account_never_gets_more_than_its_limit(
         assert max(granted) == LIMIT, granted
         last = log.decisions["phys-1"]["after"]
         assert last != "-" and int(last.split("x")[-1]) * int(last.split(":")[1].split("x")[0]) >= 4
+        # status says where the shares come from and what sacct accounted to each job, over
+        # all its Slurm runs (joined by the comment).
+        status = subprocess.run(
+            [*site.argv()[:5], sys.executable, "-m", "sia_slurm.cli", "status", "--config",
+             str(config_path), "--json"],
+            env=site.env(), cwd=shared_tmp_path, capture_output=True, text=True, timeout=120,
+            check=True,
+        )  # fmt: skip
+        data = json.loads(status.stdout)
+        assert data["shares"].startswith("shares: Slurm's association shares")
+        accounted = {j["sia_id"]: j["accounted_gpu_hours"] for j in data["jobs"]}
+        assert set(accounted) == limited | {"phys-1"}
+        assert all(hours is not None and hours >= 0 for hours in accounted.values()), accounted
     finally:
         if site.slurm_ids:
             site.run(["scancel", *site.slurm_ids], check=False)

@@ -15,6 +15,7 @@ from sia_slurm.slurm.accounting import (
     accounting_enabled,
     gpu_count,
     parse_associations,
+    parse_gpu_hours,
     parse_qos,
 )
 from sia_slurm.slurm.runner import CommandResult
@@ -109,3 +110,13 @@ def test_reader_reads_every_few_minutes_and_not_without_accounting() -> None:
     off = Runner("none")
     assert AccountingReader(off).read(0.0) is None  # type: ignore[arg-type]
     assert len(off.calls) == 1
+
+
+def test_sacct_runs_of_one_sia_job_are_joined_by_comment() -> None:
+    hours = parse_gpu_hours((FIXTURES / "sacct-runs.txt").read_text(), "sia-slurm")
+    # mv-1: 2 GPUs for 4 s (requeued), 2 GPUs for 17 s, then resubmitted as job 2: 1 GPU, 3 s.
+    assert hours["mv-1"] == pytest.approx((2 * 4 + 2 * 17 + 1 * 3) / 3600)
+    assert hours["b1"] == pytest.approx(4 * 30 / 3600)
+    assert "other" not in hours and set(hours) == {"b1", "b2", "mv-1"}
+    with pytest.raises(AccountingParseError, match="ElapsedRaw"):
+        parse_gpu_hours("1|sia-slurm:x|a|u|gres/gpu=1|soon|RUNNING\n", "sia-slurm")
