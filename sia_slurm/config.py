@@ -387,7 +387,9 @@ def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
     if not isinstance(value, dict):
         source.issue(("shares",), f"expected a mapping of settings, got {_kind(value)}")
         return None
-    allowed = {"accounts": None, "users": None, "default_share": None, "usage_half_life_s": None}
+    allowed = dict.fromkeys(
+        ("accounts", "users", "default_share", "usage_half_life_s", "usage_factor_limit")
+    )
     _check_keys(value, ("shares",), allowed, (), source)
     accounts: dict[str, float] = {}
     raw_accounts = value.get("accounts") or {}
@@ -427,9 +429,19 @@ def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
     half_life = _positive(
         value.get("usage_half_life_s", 3600.0), ("shares", "usage_half_life_s"), source
     )
-    if default is None or half_life is None:
+    limit = _number(value.get("usage_factor_limit", 8.0), ("shares", "usage_factor_limit"), source)
+    if limit is not None and limit < 1:
+        source.issue(("shares", "usage_factor_limit"), f"expected a number >= 1, got {limit:g}")
+        limit = None
+    if default is None or half_life is None or limit is None:
         return None
-    return SharesConfig(accounts, users, default_share=default, usage_half_life_s=half_life)
+    return SharesConfig(
+        accounts,
+        users,
+        default_share=default,
+        usage_half_life_s=half_life,
+        usage_factor_limit=limit,
+    )
 
 
 def _positive(value: Any, keypath: KeyPath, source: YamlSource) -> float | None:

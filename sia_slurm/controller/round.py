@@ -96,7 +96,9 @@ class Controller:
     ) -> None:
         self.policy = policy
         self.shares = shares
-        self.usage = UsageLedger(half_life_s=shares.usage_half_life_s)
+        self.usage = UsageLedger(
+            half_life_s=shares.usage_half_life_s, limit=shares.usage_factor_limit
+        )
         self._estimator_for = estimator_for
         self.jobs: dict[str, JobRecord] = {}
         self.previous: Allocation | None = None

@@ -42,6 +42,7 @@ class SharesConfig:
     users: Mapping[str, UserShareConfig] = field(default_factory=dict)
     default_share: float = 1.0
     usage_half_life_s: float = 3600.0  # how long past GPU time counts (UsageLedger)
+    usage_factor_limit: float = 8.0  # clip of the usage factors; 1: static shares only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accounts", MappingProxyType(dict(self.accounts)))
@@ -49,6 +50,10 @@ class SharesConfig:
         for name, share in [*self.accounts.items(), ("default_share", self.default_share)]:
             if not share > 0:
                 raise ValueError(f"SharesConfig: share of {name}: expected > 0, got {share}")
+        if not self.usage_factor_limit >= 1:
+            raise ValueError(
+                f"SharesConfig.usage_factor_limit: expected >= 1, got {self.usage_factor_limit}"
+            )
         if not self.usage_half_life_s > 0:
             raise ValueError(
                 f"SharesConfig.usage_half_life_s: expected > 0, got {self.usage_half_life_s}"

@@ -146,6 +146,7 @@ def test_config_section_parses() -> None:
         ),
         ("shares: {users: {ann: 3}}", "shares.users.ann", "expected a mapping"),
         ("shares: {usage_half_life_s: -1}", "shares.usage_half_life_s", "> 0"),
+        ("shares: {usage_factor_limit: 0.5}", "shares.usage_factor_limit", ">= 1"),
         ("shares: {acounts: {}}", "shares.acounts", "did you mean 'accounts'"),
     ],
 )
