@@ -106,13 +106,12 @@ def sacct_runs(since: str = "now-30days") -> list[str]:
     return ["sacct", "-a", "-X", "-n", "-P", "-D", "-S", since, "-o", SACCT_FIELDS]
 
 
-def parse_gpu_hours(text: str, marker: str) -> dict[str, float]:
-    """GPU-hours per sia job from :func:`sacct_runs` output: every run whose comment is
-    ``<marker>:<sia_id>`` counts its allocated GPUs times its elapsed seconds, whichever Slurm
-    job id it ran under (a moved job is requeued or resubmitted; ``AccountingStoreFlags=
-    job_comment`` keeps the comment of each run)."""
+def parse_runs(text: str, marker: str) -> list[tuple[str, int, int]]:
+    """``(sia_id, GPUs, elapsed seconds)`` of every run in :func:`sacct_runs` output whose
+    comment is ``<marker>:<sia_id>``, whichever Slurm job id it ran under (a moved job is
+    requeued or resubmitted; ``AccountingStoreFlags=job_comment`` keeps each run's comment)."""
     prefix = f"{marker}:"
-    hours: dict[str, float] = {}
+    runs = []
     for row in _fields(text, 7, "sacct"):
         _, comment, _, _, tres, elapsed, _ = row
         if not comment.startswith(prefix):
@@ -121,9 +120,24 @@ def parse_gpu_hours(text: str, marker: str) -> dict[str, float]:
             seconds = int(elapsed)
         except ValueError:
             raise AccountingParseError(f"sacct: ElapsedRaw {elapsed!r} in {row!r}") from None
-        sia_id = comment[len(prefix) :]
-        hours[sia_id] = hours.get(sia_id, 0.0) + (gpu_count(tres) or 0) * seconds / 3600
+        runs.append((comment[len(prefix) :], gpu_count(tres) or 0, seconds))
+    return runs
+
+
+def parse_gpu_hours(text: str, marker: str) -> dict[str, float]:
+    """GPU-hours per sia job: each run's allocated GPUs times its elapsed time, summed."""
+    hours: dict[str, float] = {}
+    for sia_id, gpus, seconds in parse_runs(text, marker):
+        hours[sia_id] = hours.get(sia_id, 0.0) + gpus * seconds / 3600
     return hours
+
+
+def parse_run_seconds(text: str, marker: str) -> dict[str, float]:
+    """Run time per sia job over all its runs (seconds)."""
+    used: dict[str, float] = {}
+    for sia_id, _, seconds in parse_runs(text, marker):
+        used[sia_id] = used.get(sia_id, 0.0) + seconds
+    return used
 
 
 def accounted_gpu_hours(runner: CommandRunner, marker: str) -> dict[str, float] | None:

@@ -650,6 +650,7 @@ def test_shrink_by_resubmission_keeps_the_sia_id(fake_slurm: Any) -> None:
         "superseded": [old],
         "failed_runs": [],
         "slurm_failed_runs": [],
+        "time_limit_min": None,  # the job's limit at first sight (none here), for its life
     }
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.slurm_job_id, assignment.restarts) == (new, 1)
