@@ -111,16 +111,24 @@ def parse_runs(text: str, marker: str) -> list[tuple[str, int, int]]:
     comment is ``<marker>:<sia_id>``, whichever Slurm job id it ran under (a moved job is
     requeued or resubmitted; ``AccountingStoreFlags=job_comment`` keeps each run's comment)."""
     prefix = f"{marker}:"
+    rows = _fields(text, 7, "sacct")
+    # 22.05 stores a requeued job's comment with each run once it ends; the run in progress
+    # has none yet, so it takes the sia id of its job's other runs.
+    owner = {r[0]: r[1][len(prefix) :] for r in rows if r[1].startswith(prefix)}
     runs = []
-    for row in _fields(text, 7, "sacct"):
-        _, comment, _, _, tres, elapsed, _ = row
-        if not comment.startswith(prefix):
+    for row in rows:
+        job_id, comment, _, _, tres, elapsed, _ = row
+        if comment.startswith(prefix):
+            sia_id = comment[len(prefix) :]
+        elif not comment and job_id in owner:
+            sia_id = owner[job_id]
+        else:
             continue
         try:
             seconds = int(elapsed)
         except ValueError:
             raise AccountingParseError(f"sacct: ElapsedRaw {elapsed!r} in {row!r}") from None
-        runs.append((comment[len(prefix) :], gpu_count(tres) or 0, seconds))
+        runs.append((sia_id, gpu_count(tres) or 0, seconds))
     return runs
 
 

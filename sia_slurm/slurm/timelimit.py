@@ -6,8 +6,9 @@ could run three times its limit. Before each later run starts, the controller se
 record, :attr:`SlurmRecord.time_limit_min`, since the controller then changes Slurm's) less
 the run time of every earlier run, which Slurm accounting has (``sacct -D``, every run of
 every Slurm job carrying the job's comment, :func:`sia_slurm.slurm.accounting.sacct_runs`).
-Slurm then ends the run at the limit itself (``TIMEOUT``). A job with nothing left is not
-started again: it is cancelled, which ends it for good (:data:`INTENDED_ENDS`).
+Slurm then ends the run at the limit itself (``TIMEOUT``). Slurm's limits are whole minutes: the
+time left is rounded to the nearest minute, so the total may be off by up to 30 s a restart. A
+job with nothing left is not started again: it is cancelled, which ends it for good.
 
 Without accounting the earlier runs' time is not known reliably, and each run gets the job's
 limit, as Slurm itself does (``status`` and ``config check`` say accounting is off).
@@ -40,9 +41,10 @@ class TimeLeft:
         return self.limit_min * 60 - self.used_s
 
     def slurm_value(self) -> str:
-        """``TimeLimit=`` in Slurm's ``minutes:seconds`` form, rounded up to the second."""
-        left = max(math.ceil(self.seconds), 1)
-        return f"{left // 60}:{left % 60:02d}"
+        """``TimeLimit=`` in whole minutes, the time left rounded to the nearest minute (at
+        least 1): Slurm keeps time limits in minutes (it rounds ``2:10`` up to 3, verified
+        on 22.05), so each later run may be off by up to 30 s."""
+        return str(max(math.floor(self.seconds / 60 + 0.5), 1))
 
 
 def set_time_limit(job_id: str, left: TimeLeft) -> list[str]:

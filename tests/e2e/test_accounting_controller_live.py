@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.slurm.runner import SubprocessRunner  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
 from tests.accounts import SharedTmp, TestAccounts  # noqa: E402
-from tests.e2e.test_controller_live import Site  # noqa: E402
+from tests.e2e.test_controller_live import Site, wait_for  # noqa: E402
 from tests.release import TEST_PORT_BASE, TEST_SLURM  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402
 
@@ -74,6 +75,82 @@ def submitter(cluster: DevCluster, paths: StatePaths, account: str) -> LiveSubmi
     return LiveSubmitter(
         cluster, paths, SubprocessRunner(env={**cluster.env, "SBATCH_ACCOUNT": account})
     )
+
+
+def make_site(cluster: DevCluster, accounts: TestAccounts, root: Path) -> tuple[Site, Path]:
+    """A controller site on the accounting cluster, jobs submitted under ``physics``."""
+    paths = StatePaths(root / "state")
+    service = accounts.service
+    set_up(paths.state_dir, service.uid, service.gid)
+    config_path = root / "sia.yaml"
+    config_path.write_text(
+        controller_config(
+            SPEC,
+            paths.state_dir,
+            round_seconds=10,
+            policy_params={"lambda_a": 0.01},
+            checkpoint_timeout_s=30,
+        )
+    )
+    log_path = paths.state_dir / "controller.jsonl"
+    return Site(cluster, root, submitter(cluster, paths, "physics"), config_path, log_path), paths
+
+
+def test_a_three_minute_job_moved_twice_runs_three_minutes_in_all(
+    accounting_cluster: DevCluster,
+    test_accounts: TestAccounts,
+    shared_tmp_path: Path,
+) -> None:
+    """``--time=3``: the job grows 1 -> 2 -> 4 GPUs, each a move (requeue and restart), after
+    ~50 s of running each time; Slurm restarts its clock at each requeue, so without the
+    controller's TimeLimit the last run alone could use 3 minutes. It ends TIMEOUT with its
+    runs' time (sacct) adding up to 3 minutes, give or take Slurm's time-limit check period."""
+    site, paths = make_site(accounting_cluster, test_accounts, shared_tmp_path)
+    site.submitter = LiveSubmitter(
+        accounting_cluster,
+        paths,
+        SubprocessRunner(env={**accounting_cluster.env, "SBATCH_TIMELIMIT": "3"}),
+    )
+    slurm_id = ""
+    try:
+        slurm_id = site.submit("tl-1", partition="a100", max_gpus=4)
+        assert site.slurm_job(slurm_id)["TimeLimit"] == "00:03:00"
+        for step, kind in enumerate(("start", "move", "move")):
+            played = site.round()
+            assert played.actions["tl-1"]["kind"] == kind, played.actions
+            site.wait_started("tl-1", played.index)
+            if kind == "move":
+                # The time left was set on the run: 3 minutes less the earlier runs.
+                limit = site.slurm_job(slurm_id)["TimeLimit"]
+                record_file = site.paths.slurm_record("tl-1")
+                assert limit < "00:03:00", (
+                    limit,
+                    record_file.read_text() if record_file.exists() else None,
+                    played.actions["tl-1"],
+                )
+            if step < 2:
+                time.sleep(55)  # ~1 minute of run time, with the start's own seconds
+
+        def ended() -> dict[str, str] | None:
+            record = site.slurm_job(slurm_id)
+            done = record["JobState"] in ("TIMEOUT", "COMPLETED", "FAILED", "CANCELLED")
+            return record if done else None
+
+        record = wait_for(
+            ended, "the job ends", timeout_s=240, diagnose=lambda: site.diagnosis("tl-1")
+        )
+        assert record["JobState"] == "TIMEOUT", record
+        rows = site.run(
+            ["sacct", "-X", "-n", "-P", "-D", "-j", slurm_id, "-o", "JobID,ElapsedRaw,State"]
+        ).splitlines()
+        runs = [int(row.split("|")[1]) for row in rows]
+        assert len(runs) == 3, rows  # three runs: the start and two moves
+        # 180 s in all: each later run's limit is the time left in whole minutes (Slurm's
+        # unit, rounded to the nearest), and Slurm checks limits every 30 s, then KillWait.
+        assert 150 <= sum(runs) <= 180 + 45, rows
+    finally:
+        if slurm_id:
+            site.run(["scancel", slurm_id], check=False)
 
 
 def test_grptres_account_never_gets_more_than_its_limit(

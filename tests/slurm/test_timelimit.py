@@ -18,14 +18,20 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 def test_time_left_in_slurm_minutes_and_seconds() -> None:
     left = TimeLeft(limit_min=3, used_s=21)
     assert left.seconds == 159
-    assert set_time_limit("17", left) == ["scontrol", "update", "JobId=17", "TimeLimit=2:39"]
-    assert TimeLeft(3, 179.2).slurm_value() == "0:01"  # rounded up, never 0 (= no limit)
+    # Whole minutes (Slurm rounds 2:39 up to 3): the nearest, at least 1 (0 means no limit).
+    assert set_time_limit("17", left) == ["scontrol", "update", "JobId=17", "TimeLimit=3"]
+    assert TimeLeft(3, 100).slurm_value() == "1" and TimeLeft(3, 89).slurm_value() == "2"
+    assert TimeLeft(3, 179.2).slurm_value() == "1"
     assert TimeLeft(3, 200).seconds < 0 and cancel("17") == ["scancel", "17"]
 
 
 def test_run_seconds_join_every_run_by_comment() -> None:
     used = parse_run_seconds((FIXTURES / "sacct-runs.txt").read_text(), "sia-slurm")
     assert used["mv-1"] == 4 + 17 + 3  # requeued run, its next run, the resubmitted job's run
+    # A requeued job's run in progress has no comment in 22.05's database yet: its job's.
+    running = "9|sia-slurm:x|a|u|gres/gpu=1|40|REQUEUED\n9||a|u|gres/gpu=2|5|RUNNING\n"
+    assert parse_run_seconds(running, "sia-slurm") == {"x": 45}
+    assert parse_run_seconds("8||a|u|gres/gpu=1|5|RUNNING\n", "sia-slurm") == {}
 
 
 class Runner:
