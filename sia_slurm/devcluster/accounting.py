@@ -36,8 +36,11 @@ from typing import Any
 
 import yaml
 
+from sia_slurm.devcluster.chroot import SYSTEM
 from sia_slurm.devcluster.faults import DevClusterError
 from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon
+from sia_slurm.devcluster.render import ClusterLayout
+from sia_slurm.devcluster.spec import DevClusterSpec
 
 PACKAGES = "slurmdbd mariadb-server"
 DB_USER = "mysql"
@@ -507,3 +510,57 @@ def _wait(
             state = "exited" if not is_alive(record) else f"not ready in {timeout_s:g} s"
             raise DevClusterError(f"{record.role} {state}:\n{tail}")
         time.sleep(every_s)
+
+
+class AccountingSteps:
+    """Starting accounting with a dev cluster (mixed into ``DevCluster``, as its fault
+    operations are): its layout and ports, MariaDB and slurmdbd before slurmctld, the spec's
+    associations once slurmctld has registered."""
+
+    layout: ClusterLayout
+    accounting: AccountingSpec | None
+    _slurm: str
+
+    # Provided by DevCluster.
+    @property
+    def env(self) -> dict[str, str]: ...
+    def _save(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None: ...
+
+    def accounting_layout(self, spec: DevClusterSpec) -> AccountingLayout:
+        """Where accounting keeps its files, and its two ports after the slurmd ports."""
+        return AccountingLayout(self.layout.root, self.layout.port_base, len(spec.node_names()))
+
+    def _ports(self, spec: DevClusterSpec) -> list[int]:
+        ports = self.layout.ports(spec)
+        if self.accounting is not None:
+            layout = self.accounting_layout(spec)
+            ports += [layout.mariadb_port, layout.slurmdbd_port]
+        return ports
+
+    def _start_accounting(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None:
+        """MariaDB, slurmdbd and the spec's associations, before slurmctld starts (which then
+        registers with slurmdbd and enforces the associations' limits)."""
+        assert self.accounting is not None
+        if self._slurm != SYSTEM:
+            raise DevClusterError("--accounting runs on the host's Slurm only (--slurm system)")
+        binaries = find_accounting_binaries()
+        layout = self.accounting_layout(spec)
+        records.append(start_mariadb(layout, binaries))
+        self._save(spec, records)
+        wait_for_mariadb(layout, records[-1])
+        password = grant_slurmdbd(layout, binaries)
+        user = self.layout.controller_user
+        write_slurmdbd_conf(layout, user, self.layout.munge_socket, password)
+        records.append(start_slurmdbd(layout, binaries, self.env))
+        self._save(spec, records)
+        wait_for_slurmdbd(layout, records[-1], binaries, self.env)
+        register_cluster("siadev", binaries, self.env)
+
+    def _create_associations(self) -> None:
+        """The spec's accounts, users, QOS and limits, with an association for the invoking
+        user and SlurmUser (so the cluster's own checks and the controller keep working)."""
+        if self.accounting is None:
+            return
+        binaries = find_accounting_binaries()
+        users = [self.layout.user, self.layout.controller_user]
+        create_associations(self.accounting.with_users(users), "siadev", binaries, self.env)

@@ -87,7 +87,7 @@ _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/l
 Log = Callable[[str], None]
 
 
-class DevCluster(DaemonFaults):
+class DevCluster(DaemonFaults, acct.AccountingSteps):
     """A dev cluster rooted at ``root``; ``spec`` and ``port_base`` matter only for ``up``."""
 
     def __init__(
@@ -265,19 +265,6 @@ class DevCluster(DaemonFaults):
 
     # ---- steps of up/down -----------------------------------------------------------------
 
-    def accounting_layout(self, spec: DevClusterSpec) -> acct.AccountingLayout:
-        """Where accounting keeps its files, and its two ports after the slurmd ports."""
-        return acct.AccountingLayout(
-            self.layout.root, self.layout.port_base, len(spec.node_names())
-        )
-
-    def _ports(self, spec: DevClusterSpec) -> list[int]:
-        ports = self.layout.ports(spec)
-        if self.accounting is not None:
-            layout = self.accounting_layout(spec)
-            ports += [layout.mariadb_port, layout.slurmdbd_port]
-        return ports
-
     def _check_ports(self, spec: DevClusterSpec) -> None:
         for port in self._ports(spec):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -403,34 +390,6 @@ class DevCluster(DaemonFaults):
         layout.prolog_failure.unlink(missing_ok=True)
         if account is not None:
             self._hand_to_slurm_user(account)
-
-    def _start_accounting(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None:
-        """MariaDB, slurmdbd and the spec's associations, before slurmctld starts (which then
-        registers with slurmdbd and enforces the associations' limits)."""
-        assert self.accounting is not None
-        if self._slurm != SYSTEM:
-            raise DevClusterError("--accounting runs on the host's Slurm only (--slurm system)")
-        binaries = acct.find_accounting_binaries()
-        layout = self.accounting_layout(spec)
-        records.append(acct.start_mariadb(layout, binaries))
-        self._save(spec, records)
-        acct.wait_for_mariadb(layout, records[-1])
-        password = acct.grant_slurmdbd(layout, binaries)
-        user = self.layout.controller_user
-        acct.write_slurmdbd_conf(layout, user, self.layout.munge_socket, password)
-        records.append(acct.start_slurmdbd(layout, binaries, self.env))
-        self._save(spec, records)
-        acct.wait_for_slurmdbd(layout, records[-1], binaries, self.env)
-        acct.register_cluster("siadev", binaries, self.env)
-
-    def _create_associations(self) -> None:
-        """The spec's accounts, users, QOS and limits, with an association for the invoking
-        user and SlurmUser (so the cluster's own checks and the controller keep working)."""
-        if self.accounting is None:
-            return
-        binaries = acct.find_accounting_binaries()
-        users = [self.layout.user, self.layout.controller_user]
-        acct.create_associations(self.accounting.with_users(users), "siadev", binaries, self.env)
 
     def _hand_to_slurm_user(self, account: Account) -> None:
         """Make what slurmctld writes SlurmUser's: once it has dropped to that account it
