@@ -52,7 +52,7 @@ def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> It
 
 
 def sbatch(cluster: DevCluster, *args: str) -> str:
-    out = cluster.runner().run(["sbatch", "--parsable", *args]).stdout
+    out = cluster.runner().run(["sbatch", "--parsable", "-o", "/dev/null", *args]).stdout
     return out.strip().split(";")[0]
 
 
