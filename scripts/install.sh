@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 # chromium renders the static dashboard in its headless test (sia-slurm report); debootstrap
 # builds the Debian roots of other Slurm releases (`sia-slurm dev-cluster root 24.11|26.05`,
 # cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; sia_slurm/devcluster/roots.py).
-packages="slurmctld slurmd slurm-client munge chromium debootstrap"
+# slurmdbd and mariadb-server: Slurm accounting in the dev cluster (`dev-cluster up --accounting`,
+# sia_slurm/devcluster/accounting.py); the dev cluster starts and stops them itself.
+packages="slurmctld slurmd slurm-client munge chromium debootstrap slurmdbd mariadb-server"
 missing=0
-for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium debootstrap; do
+for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium debootstrap \
+    slurmdbd mariadbd sacctmgr; do
     command -v "$program" >/dev/null 2>&1 || [ -x "/usr/sbin/$program" ] || missing=1
 done
 if [ "$missing" = 1 ]; then

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from sia_slurm.accounts import SiteAccounting
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare, NodeView
 from sia_slurm.protocol import JobSpec, MetricsReport
@@ -73,6 +74,11 @@ class JobSnapshot:
     finish_time: float | None = None
     slurm_job_id: str = ""
     message: str = ""
+    # Who the job belongs to, as the cluster says (Slurm's user and account; the workload's in
+    # the simulator): what its fair share is counted against (:mod:`sia_slurm.policy.shares`).
+    user: str = ""
+    account: str = ""
+    qos: str = ""
 
     @property
     def sia_id(self) -> str:
@@ -94,6 +100,8 @@ class ClusterSnapshot:
     jobs: tuple[JobSnapshot, ...]
     reports: tuple[MetricsReport, ...] = ()
     rejected: tuple[str, ...] = ()  # one message per bad metrics file
+    # Slurm accounting's associations and QOS (shares, GPU limits); None: no accounting.
+    site: SiteAccounting | None = None
 
 
 # ------------------------------------------------------------------------------------------------

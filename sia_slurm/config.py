@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from sia_slurm.policy.settings import POLICY_PARAMS
+from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig, UserShareConfig
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
 
 DEFAULT_CONFIG_PATH = Path("/etc/sia-slurm/sia.yaml")
@@ -105,6 +106,8 @@ class SiaConfig:
     policy: PolicySettings
     restart: RestartConfig
     slurm: SlurmConfig
+    shares: SharesConfig = EQUAL_USERS
+    shares_configured: bool = False  # False: no ``shares:`` section, every user counts the same
 
     def partition_of(self, gpu_type: str) -> PartitionConfig:
         """The partition that holds ``gpu_type`` (validation guarantees exactly one)."""
@@ -128,6 +131,7 @@ _TOP_LEVEL_KEYS = (
     "policy",
     "restart",
     "slurm",
+    "shares",
 )
 _REQUIRED_TOP_LEVEL = ("state_dir", "partitions")
 
@@ -208,9 +212,10 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
             ("slurm", "backend"),
             f"expected one of {', '.join(BACKEND_NAMES)}, got {slurm.backend!r}",
         )
+    shares = _shares(data.get("shares"), source)
     if source.issues:
         return None
-    assert round_seconds is not None and state_dir is not None
+    assert round_seconds is not None and state_dir is not None and shares is not None
     assert policy is not None and restart is not None and slurm is not None
     return SiaConfig(
         path=source.path,
@@ -223,6 +228,8 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
         policy=policy,
         restart=restart,
         slurm=slurm,
+        shares=shares,
+        shares_configured=data.get("shares") is not None,
     )
 
 
@@ -370,6 +377,79 @@ def _policy(value: Any, source: YamlSource) -> PolicySettings | None:
         extra_keys=("name",),
     )
     return None if params is None else PolicySettings(name=name, params=params)
+
+
+def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
+    """``shares: {accounts: {name: share}, users: {name: {account, share}}, default_share,
+    usage_half_life_s}``; absent: every user the same share."""
+    if value is None:
+        return EQUAL_USERS
+    if not isinstance(value, dict):
+        source.issue(("shares",), f"expected a mapping of settings, got {_kind(value)}")
+        return None
+    allowed = dict.fromkeys(
+        ("accounts", "users", "default_share", "usage_half_life_s", "usage_factor_limit")
+    )
+    _check_keys(value, ("shares",), allowed, (), source)
+    accounts: dict[str, float] = {}
+    raw_accounts = value.get("accounts") or {}
+    if not isinstance(raw_accounts, dict):
+        source.issue(("shares", "accounts"), f"expected account: share, got {_kind(raw_accounts)}")
+        raw_accounts = {}
+    for name, share in raw_accounts.items():
+        keypath = ("shares", "accounts", name)
+        _check_name(str(name), keypath, "Slurm account", source)
+        number = _positive(share, keypath, source)
+        if number is not None:
+            accounts[str(name)] = number
+    users: dict[str, UserShareConfig] = {}
+    raw_users = value.get("users") or {}
+    if not isinstance(raw_users, dict):
+        source.issue(
+            ("shares", "users"), f"expected user: {{account, share}}, got {_kind(raw_users)}"
+        )
+        raw_users = {}
+    for name, settings in raw_users.items():
+        keypath = ("shares", "users", name)
+        _check_name(str(name), keypath, "user", source)
+        if not isinstance(settings, dict):
+            source.issue(
+                keypath, f"expected a mapping like {{account: a, share: 1}}, got {_kind(settings)}"
+            )
+            continue
+        _check_keys(settings, keypath, {"account": None, "share": None}, (), source)
+        account = settings.get("account")
+        if account is not None and (not isinstance(account, str) or not _SLURM_NAME.match(account)):
+            source.issue((*keypath, "account"), f"expected a Slurm account name, got {account!r}")
+            continue
+        share = _positive(settings.get("share", 1.0), (*keypath, "share"), source)
+        if share is not None:
+            users[str(name)] = UserShareConfig(account=account, share=share)
+    default = _positive(value.get("default_share", 1.0), ("shares", "default_share"), source)
+    half_life = _positive(
+        value.get("usage_half_life_s", 3600.0), ("shares", "usage_half_life_s"), source
+    )
+    limit = _number(value.get("usage_factor_limit", 8.0), ("shares", "usage_factor_limit"), source)
+    if limit is not None and limit < 1:
+        source.issue(("shares", "usage_factor_limit"), f"expected a number >= 1, got {limit:g}")
+        limit = None
+    if default is None or half_life is None or limit is None:
+        return None
+    return SharesConfig(
+        accounts,
+        users,
+        default_share=default,
+        usage_half_life_s=half_life,
+        usage_factor_limit=limit,
+    )
+
+
+def _positive(value: Any, keypath: KeyPath, source: YamlSource) -> float | None:
+    number = _number(value, keypath, source)
+    if number is not None and number <= 0:
+        source.issue(keypath, f"expected a number > 0, got {number:g}")
+        return None
+    return number
 
 
 def _dataclass(

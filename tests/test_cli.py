@@ -63,7 +63,9 @@ def test_config_check_ok_and_errors(tmp_path) -> None:
 
     example = Path(__file__).resolve().parent.parent / "etc" / "sia.yaml"
     ok = runner.invoke(cli, ["config", "check", str(example)])
-    assert ok.exit_code == 0 and ok.output.strip() == f"{example}: OK"
+    assert ok.exit_code == 0 and ok.output.splitlines()[-1] == f"{example}: OK"
+    # Where the shares come from (issue 20): no shares: in the example, accounting not asked.
+    assert ok.output.splitlines()[0].startswith(f"{example}: shares: equal shares per user;")
     bad = tmp_path / "bad.yaml"
     bad.write_text("state_dir: /x\nround_seconds: -1\npartitions: {a: {gpu_type: a}}\n")
     result = runner.invoke(cli, ["config", "check", str(bad)])

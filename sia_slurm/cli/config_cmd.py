@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from sia_slurm.accounts import shares_source
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.config import (
     CONFIG_ENV_VAR,
@@ -16,6 +17,7 @@ from sia_slurm.config import (
 )
 from sia_slurm.livecheck import check_live
 from sia_slurm.policy.sia import SiaPolicyConfig
+from sia_slurm.slurm.accounting import AccountingReader
 from sia_slurm.slurm.commands import SHOW_CONFIG
 from sia_slurm.slurm.inventory import read_inventory
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
@@ -72,6 +74,7 @@ def check(path: Path | None, live: bool) -> None:
     for advice in policy_advice(cfg):
         click.echo(f"{resolved}: warning: {advice}", err=True)
     if not live:
+        click.echo(f"{resolved}: {shares_source(None, cfg.shares_configured)}")
         click.echo(f"{resolved}: OK")
         return
     runner = SubprocessRunner(bin_dir=Path(cfg.slurm.bin_dir) if cfg.slurm.bin_dir else None)
@@ -82,6 +85,8 @@ def check(path: Path | None, live: bool) -> None:
         click.echo(f"{resolved}: cannot read the Slurm inventory: {exc}", err=True)
         raise SystemExit(1) from None
     click.echo(f"{resolved}: Slurm {settings.version or '(version not shown)'}")
+    accounting = AccountingReader(runner).enabled()
+    click.echo(f"{resolved}: {shares_source(accounting, cfg.shares_configured)}")
     report = check_live(cfg, inventory)
     for warning in [*settings.warnings(cfg.round_seconds), *report.warnings]:
         click.echo(f"{resolved}: warning: {warning}", err=True)

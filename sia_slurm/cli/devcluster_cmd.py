@@ -15,6 +15,11 @@ from sia_slurm.devcluster import (
     DevClusterSpec,
     controller_config,
 )
+from sia_slurm.devcluster.accounting import (
+    DEFAULT_ACCOUNTS,
+    AccountingSpec,
+    AccountingSpecError,
+)
 from sia_slurm.devcluster.chroot import SYSTEM
 from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
 from sia_slurm.devcluster.roots import (
@@ -126,6 +131,21 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     "jobs then run inside it, and stdout also gets the PATH of its client wrappers "
     "[env SIA_DEV_CLUSTER_SLURM].",
 )
+@click.option(
+    "--accounting",
+    is_flag=True,
+    help="Run Slurm accounting: slurmdbd on a MariaDB server (data under DIR/db), with the "
+    "accounts, users, QOS and GPU limits of --accounts created by sacctmgr; slurmctld then "
+    "enforces them and stores job comments (host Slurm only).",
+)
+@click.option(
+    "--accounts",
+    "accounts_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML spec of accounts, users and QOS for --accounting (sia_slurm/devcluster/"
+    "accounting.py); default: accounts physics and biology, shares 1:1.",
+)
 def up(
     spec: str,
     root: Path,
@@ -135,11 +155,20 @@ def up(
     slurm_user: str | None,
     slurmd_timeout: int,
     release: str,
+    accounting: bool,
+    accounts_file: Path | None,
 ) -> None:
     try:
         parsed = DevClusterSpec.parse(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--spec") from None
+    accounts = None
+    if accounting or accounts_file is not None:
+        text = accounts_file.read_text() if accounts_file else DEFAULT_ACCOUNTS
+        try:
+            accounts = AccountingSpec.parse(text, str(accounts_file or "default accounts"))
+        except AccountingSpecError as exc:
+            raise click.BadParameter(str(exc), param_hint="--accounts") from None
     cluster = DevCluster(
         root,
         port_base=port_base,
@@ -148,6 +177,7 @@ def up(
         slurm_user=slurm_user,
         slurmd_timeout_s=slurmd_timeout,
         slurm=release,
+        accounting=accounts,
     )
     try:
         cluster.up(parsed, timeout_s=timeout)

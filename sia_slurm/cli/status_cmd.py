@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 
+from sia_slurm.accounts import shares_source
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.controller_cmd import (
     CONFIG_OPTION,
@@ -25,7 +26,9 @@ from sia_slurm.cli.controller_cmd import (
 )
 from sia_slurm.cluster import ClusterSnapshot
 from sia_slurm.config import SiaConfig
+from sia_slurm.slurm.accounting import accounted_gpu_hours
 from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
+from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 from sia_slurm.state import Journal, Store, StoreError
 
 
@@ -43,6 +46,7 @@ class JobLine:
     restarts: int
     slurm_job_id: str
     message: str = ""  # what the controller last said of the job (why it failed, ...)
+    accounted_gpu_hours: float | None = None  # sacct, over all its Slurm runs (accounting)
 
 
 def live_snapshot(ctx: click.Context, config: SiaConfig) -> tuple[ClusterSnapshot | None, str]:
@@ -64,6 +68,15 @@ def live_snapshot(ctx: click.Context, config: SiaConfig) -> tuple[ClusterSnapsho
         return None, why
     finally:
         backend_log.setLevel(level)
+
+
+def accounted_hours(config: SiaConfig) -> dict[str, float] | None:
+    """GPU-hours per sia job from ``sacct`` (all its Slurm runs); None without accounting."""
+    bin_dir = Path(config.slurm.bin_dir) if config.slurm.bin_dir else None
+    try:
+        return accounted_gpu_hours(SubprocessRunner(bin_dir=bin_dir), config.managed_marker)
+    except CommandError:
+        return None
 
 
 def gpu_table(store: Store, snapshot: ClusterSnapshot | None) -> dict[str, dict[str, int]]:
@@ -192,6 +205,12 @@ def status(
         ]  # fmt: skip
         gpus = gpu_table(store, snapshot)
         jobs = job_lines(store, snapshot, show_all)
+    accounted = None if offline else accounted_hours(config)
+    if accounted is not None:
+        jobs = [replace(j, accounted_gpu_hours=accounted.get(j.sia_id, 0.0)) for j in jobs]
+    shares = shares_source(
+        None if snapshot is None else snapshot.site is not None, config.shares_configured
+    )
     rejected = snapshot.rejected if snapshot is not None else ()
     lost = [m for m in rejected if m.startswith(LOST_SUBMISSION)]
     if as_json:
@@ -204,6 +223,7 @@ def status(
                     "pending_actions": pending,
                     "given_up_actions": given_up,
                     "lost_submissions": lost,
+                    "shares": shares,
                     "gpu_types": gpus,
                     "jobs": [asdict(line) for line in jobs],
                 },
@@ -216,6 +236,7 @@ def status(
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.wall_time))
         when = f"round {last.round_index} at {stamp}" + (" (dry run)" if last.dry_run else "")
     click.echo(f"state: {config.db_path}; last round: {when}; policy: {config.policy.name}")
+    click.echo(shares)
     if pending:
         click.echo(f"pending actions: {pending} (re-applied at the next round)")
     for entry in given_up:
@@ -239,10 +260,13 @@ def status(
             "-" if j.goodput is None else f"{j.goodput:.1f}",
             str(j.restarts),
             j.slurm_job_id or "-",
+            *([] if accounted is None else [f"{j.accounted_gpu_hours or 0.0:.3f}"]),
         ]
         for j in jobs
     ]
     headers = ["JOB", "APP", "PHASE", "CONFIG", "GPUS", "BATCH", "GOODPUT", "RESTARTS", "SLURM"]
+    if accounted is not None:
+        headers.append("GPU-H (sacct)")  # every Slurm run of the job, joined by its comment
     for line in _table(headers, job_rows):
         click.echo(line)
     if not jobs:

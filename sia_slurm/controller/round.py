@@ -38,7 +38,16 @@ from sia_slurm.policy.base import (
     Policy,
     PolicyInput,
 )
+from sia_slurm.policy.limits import GpuLimit
 from sia_slurm.policy.placement import Placement, place
+from sia_slurm.policy.shares import (
+    EQUAL_USERS,
+    JobOwner,
+    SharesConfig,
+    UsageLedger,
+    account_parts,
+    job_weights,
+)
 from sia_slurm.protocol import JobSpec, MetricsReport
 
 logger = logging.getLogger(__name__)
@@ -82,8 +91,14 @@ class RoundOutcome:
 class Controller:
     """Runs rounds against snapshots; keeps each job's goodput model and the policy's memory."""
 
-    def __init__(self, policy: Policy, estimator_for: EstimatorBuilder) -> None:
+    def __init__(
+        self, policy: Policy, estimator_for: EstimatorBuilder, shares: SharesConfig = EQUAL_USERS
+    ) -> None:
         self.policy = policy
+        self.shares = shares
+        self.usage = UsageLedger(
+            half_life_s=shares.usage_half_life_s, limit=shares.usage_factor_limit
+        )
         self._estimator_for = estimator_for
         self.jobs: dict[str, JobRecord] = {}
         self.previous: Allocation | None = None
@@ -105,6 +120,8 @@ class Controller:
             previous=self.previous,
             now=snapshot.time,
             round_index=self.round_index,
+            weights=self._weights(live, snapshot),
+            limits=self._limits(live, snapshot),
         )
         allocation = self.policy.solve(policy_input)
         t2 = time.perf_counter()
@@ -173,6 +190,29 @@ class Controller:
             return [f"metrics for {report.sia_id}: {exc}; ignored"]
         return []
 
+    def _weights(self, live: list[JobSnapshot], snapshot: ClusterSnapshot) -> dict[str, float]:
+        """Each live job's weight from the shares (Slurm's association shares when accounting
+        is on, else the config's) and each account's recent GPU time
+        (:mod:`sia_slurm.policy.shares`)."""
+        shares = self.shares if snapshot.site is None else snapshot.site.shares()
+        owners = [_owner(job) for job in live]
+        held: dict[str, float] = {}
+        for job, owner in zip(live, owners, strict=True):
+            if job.phase.holds_gpus and job.config is not None:
+                account = shares.account_of(owner.user, owner.account)
+                held[account] = held.get(account, 0.0) + job.config.gpus
+        self.usage.record(snapshot.time, held)
+        factors = self.usage.factors(account_parts(owners, shares))
+        return job_weights(owners, shares, factors)
+
+    @staticmethod
+    def _limits(live: list[JobSnapshot], snapshot: ClusterSnapshot) -> tuple[GpuLimit, ...]:
+        """Slurm's association and QOS GPU limits over the live jobs (none without
+        accounting): granting past them would leave jobs pending in Slurm."""
+        if snapshot.site is None:
+            return ()
+        return snapshot.site.limits(_owner(job) for job in live)
+
     def _view(self, job: JobSnapshot, now: float) -> JobView:
         holds = job.phase.holds_gpus
         return self.jobs[job.sia_id].view(
@@ -227,6 +267,10 @@ class Controller:
                 decisions.append(_decision(job, "keep", before, share))
         # Free GPUs before granting them: stops, then moves, then batch-only changes, then starts.
         return [*stops, *moves, *rebatches, *starts], decisions
+
+
+def _owner(job: JobSnapshot) -> JobOwner:
+    return JobOwner(job.sia_id, job.user, job.account, job.qos)
 
 
 def _same_nodes(a: tuple[NodeShare, ...], b: tuple[NodeShare, ...]) -> bool:

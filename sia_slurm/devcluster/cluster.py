@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from sia_slurm.devcluster import accounting as acct
 from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.chroot import (
     SYSTEM,
@@ -86,7 +87,7 @@ _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/l
 Log = Callable[[str], None]
 
 
-class DevCluster(DaemonFaults):
+class DevCluster(DaemonFaults, acct.AccountingSteps):
     """A dev cluster rooted at ``root``; ``spec`` and ``port_base`` matter only for ``up``."""
 
     def __init__(
@@ -99,6 +100,7 @@ class DevCluster(DaemonFaults):
         slurmd_timeout_s: int = 10,
         slurm: str = SYSTEM,
         roots_dir: Path | None = None,
+        accounting: acct.AccountingSpec | None = None,
     ):
         """``slurm``: ``system`` (the host's Slurm) or a release with a Debian root
         (``24.11``, ``26.05``), built into ``roots_dir`` (default: ``$SIA_SLURM_ROOTS`` or
@@ -120,6 +122,8 @@ class DevCluster(DaemonFaults):
         self._log = log or (lambda message: None)
         self._slurm = slurm
         self._roots_dir = roots_dir
+        # Slurm accounting (slurmdbd on MariaDB, associations from the spec); None: none.
+        self.accounting = accounting
 
     @property
     def slurm(self) -> str:
@@ -184,9 +188,12 @@ class DevCluster(DaemonFaults):
             self._prepare_files(spec, programs, account)
             records.append(self._start_munge(programs))
             self._save(spec, records)
+            if self.accounting is not None:
+                self._start_accounting(spec, records)
             records.append(self._start_slurmctld(programs, clear_state=True))
             self._save(spec, records)
             self._wait_for_controller(records[-1], timeout_s)
+            self._create_associations()
             for node in spec.node_names():
                 records.append(self._start_slurmd(programs, node))
             self._save(spec, records)
@@ -259,7 +266,7 @@ class DevCluster(DaemonFaults):
     # ---- steps of up/down -----------------------------------------------------------------
 
     def _check_ports(self, spec: DevClusterSpec) -> None:
-        for port in self.layout.ports(spec):
+        for port in self._ports(spec):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
@@ -267,7 +274,7 @@ class DevCluster(DaemonFaults):
                 except OSError:
                     raise DevClusterError(
                         f"port {port} is in use; the dev cluster needs ports "
-                        f"{self.layout.port_base}-{self.layout.ports(spec)[-1]}: pick another "
+                        f"{self.layout.port_base}-{self._ports(spec)[-1]}: pick another "
                         "range with --port-base"
                     ) from None
 
@@ -367,6 +374,14 @@ class DevCluster(DaemonFaults):
         layout.cgroup_conf.unlink(missing_ok=True)
         if programs.release != SYSTEM:  # 24.11 and 26.05 (render_cgroup_conf says why)
             files.append((layout.cgroup_conf, render_cgroup_conf()))
+        if self.accounting is not None:
+            lines = acct.slurm_conf_lines(self.accounting_layout(spec), layout.munge_socket)
+            files[0] = (
+                layout.slurm_conf,
+                files[0][1].replace(
+                    "AccountingStorageType=accounting_storage/none\n", "\n".join(lines) + "\n"
+                ),
+            )
         for path, text in files:
             path.write_text(text)
             # Every client and SlurmUser read these; a umask of 077 must not hide them.

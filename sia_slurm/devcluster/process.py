@@ -32,11 +32,25 @@ class DaemonRecord:
     marker: str
 
 
-def start_daemon(role: str, argv: Sequence[str], log_path: Path, marker: str) -> DaemonRecord:
+def start_daemon(
+    role: str,
+    argv: Sequence[str],
+    log_path: Path,
+    marker: str,
+    env: Mapping[str, str] | None = None,
+) -> DaemonRecord:
+    """Start ``argv`` in a session of its own, output appended to ``log_path``. ``env``: extra
+    environment; a daemon with no option that names our files (slurmdbd) gets ``argv[0]`` set
+    to ``marker`` instead, so its command line still ties it to this cluster."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    executable = None
+    if env is not None and marker not in " ".join(argv):
+        executable, argv = argv[0], [marker, *argv[1:]]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             list(argv),
+            executable=executable,
+            env=None if env is None else {**os.environ, **env},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from sia_slurm.core import Configuration, GoodputEstimator, GoodputRow, JobKind
+from sia_slurm.policy.limits import GpuLimit
 
 
 @dataclass(frozen=True)
@@ -217,11 +218,23 @@ class PolicyInput:
     previous: Allocation | None = None
     now: float = 0.0
     round_index: int = 0
+    # Per job, its weight in the objective from the site's shares (:mod:`.shares`); absent: 1.
+    weights: Mapping[str, float] = field(default_factory=dict)
+    # GPU limits from Slurm's associations and QOS (:mod:`.limits`): shared caps on sets of jobs.
+    limits: tuple[GpuLimit, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [job.job_id for job in self.jobs]
         if len(set(ids)) != len(ids):
             raise ValueError("policy input: job ids must be unique")
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        bad = {k: w for k, w in self.weights.items() if not 0 < w < float("inf")}
+        if bad:
+            raise ValueError(f"policy input: weights must be finite and > 0, got {bad}")
+
+    def weight(self, job_id: str) -> float:
+        """``job_id``'s weight in the objective (1 when the shares give it none)."""
+        return self.weights.get(job_id, 1.0)
 
 
 class Policy(Protocol):

@@ -34,6 +34,7 @@ from sia_slurm.policy.base import (
     restart_factor,
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
+from sia_slurm.policy.limits import GpuLimit, coupling_rows
 from sia_slurm.policy.settings import SiaPolicyConfig
 from sia_slurm.policy.sia_milp import CouplingRows, Program
 from sia_slurm.policy.sia_solve import solve
@@ -241,6 +242,7 @@ def build_columns(policy_input: PolicyInput, config: SiaPolicyConfig) -> list[Jo
     costs = column_costs(jobs, [item[3] for item in scored], rows, config)
     columns = []
     for (job, configs, forced, current), row, cost in zip(scored, rows, costs, strict=True):
+        cost *= policy_input.weight(job.job_id)  # the job's fair share (policy/shares.py)
         if forced and np.isnan(cost[current]):
             cost[current] = 0.0  # kept even if the model predicts nothing there
         columns.append(JobColumns(job, configs, row, cost, forced, current))
@@ -282,6 +284,23 @@ class Assembled:
     owner: np.ndarray  # index into the columns list, per program column
     position: np.ndarray  # index into that job's configs, per program column
     fixed: dict[int, int]  # forced jobs: columns-list index -> config index
+
+
+def limit_rows(columns: list[JobColumns], limits: tuple[GpuLimit, ...]) -> CouplingRows | None:
+    """The site's GPU limits (:mod:`.limits`) as :func:`assemble`'s ``extra`` rows: one per
+    limit over every job configuration in ``columns`` order, its capacity less the GPUs that
+    forced jobs under it keep."""
+    if not limits or not columns:
+        return None
+    owner = np.repeat(np.arange(len(columns)), [len(cols.configs) for cols in columns])
+    gpus = np.array([c.gpus for cols in columns for c in cols.configs], dtype=np.float64)
+    fixed = {
+        i: cols.configs[cols.current].gpus  # type: ignore[index]
+        for i, cols in enumerate(columns)
+        if cols.forced
+    }
+    rows = coupling_rows(limits, [cols.job.job_id for cols in columns], owner, gpus, fixed)
+    return None if rows is None else CouplingRows(rows[0].T.copy(), rows[1])
 
 
 def assemble(
@@ -366,7 +385,7 @@ class SiaPolicy:
         columns = release_forced(
             build_columns(policy_input, self.config), cluster, policy_input.round_index
         )
-        assembled = assemble(columns, cluster)
+        assembled = assemble(columns, cluster, limit_rows(columns, policy_input.limits))
         result = solve(
             assembled.program,
             self.config.time_limit_s,

@@ -68,6 +68,8 @@ class SimJobSpec:
 
     spec: JobSpec
     truth: AppTruth
+    user: str = ""
+    account: str = ""
 
 
 @dataclass
@@ -76,6 +78,8 @@ class _Job:
 
     spec: JobSpec
     truth: AppTruth
+    user: str = ""
+    account: str = ""
     phase: JobPhase = JobPhase.PENDING
     config: Configuration | None = None
     placement: tuple[NodeShare, ...] = ()
@@ -132,7 +136,7 @@ class SimulatedCluster:
         )
         self._node_type = {node.name: node.gpu_type for node in self.nodes}
         self._free = {node.name: node.total_gpus for node in self.nodes}
-        self._jobs = [_Job(job.spec, job.truth) for job in jobs]
+        self._jobs = [_Job(job.spec, job.truth, job.user, job.account) for job in jobs]
         self._by_id = {job.spec.sia_id: job for job in self._jobs}
         self._arrived = 0  # jobs [0, _arrived) have been submitted
         self._active: list[_Job] = []  # submitted, not yet shown DONE
@@ -179,6 +183,8 @@ class SimulatedCluster:
                 batch=job.batch,
                 restarts=job.restarts,
                 finish_time=job.finish_time,
+                user=job.user,
+                account=job.account,
             )
         return job.cached
 
@@ -424,6 +430,7 @@ class SimulatedCluster:
                 gpu_seconds=job.gpu_seconds,
                 restarts=job.restarts,
                 contention=job.contention_sum / max(job.contention_rounds, 1),
+                account=job.account,
             )
             for job in self._jobs
         ]

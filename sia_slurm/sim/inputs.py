@@ -127,5 +127,6 @@ def job_specs(workload: Workload, truths: Mapping[str, AppTruth]) -> list[SimJob
     specs = []
     for job in workload.jobs:
         truth = truths[job.application]
-        specs.append(SimJobSpec(job_spec(job, truth, str(workload.path)), truth))
+        spec = job_spec(job, truth, str(workload.path))
+        specs.append(SimJobSpec(spec, truth, user=job.user, account=job.account))
     return specs

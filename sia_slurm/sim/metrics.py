@@ -44,6 +44,7 @@ class JobOutcome:
     gpu_seconds: float
     restarts: int
     contention: float  # mean active jobs over the rounds it was active in
+    account: str = ""  # the workload's owner of the job (fair shares)
 
     @property
     def jct(self) -> float | None:

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
 from sia_slurm.controller import Controller, EstimatorFactory, RoundOutcome
 from sia_slurm.policy.registry import config_type, make_policy
+from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.cluster import SimulatedCluster
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
@@ -52,6 +53,7 @@ class SimulationConfig:
     max_time: float = 30 * DAY  # simulated seconds
     stall_rounds: int = 1440
     max_substep: float = DEFAULT_MAX_SUBSTEP
+    shares: SharesConfig = EQUAL_USERS  # the site's shares between the workload's owners
 
     def __post_init__(self) -> None:
         params_type = config_type(self.policy)  # raises, listing the valid policies
@@ -127,7 +129,8 @@ def build_controller(inputs: SimulationInputs, config: SimulationConfig) -> Cont
     """The production controller with the named policy and the site's profiles."""
     params = config.params or policy_params(config.policy, config.seed)
     policy = make_policy(config.policy, params)
-    return Controller(policy, EstimatorFactory(inputs.profiles, inputs.type_aliases))
+    factory = EstimatorFactory(inputs.profiles, inputs.type_aliases)
+    return Controller(policy, factory, config.shares)
 
 
 def simulate(

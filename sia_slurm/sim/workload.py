@@ -2,11 +2,13 @@
 
 One file is one workload (``data/workloads/philly/workload-1.csv``: 160 jobs over 8 hours)::
 
-    name,time,application,num_replicas,batch_size[,category]
+    name,time,application,num_replicas,batch_size[,category][,user][,account]
 
 ``time`` is the submission second (possibly fractional), ``application`` one of the apps with
 traces (:data:`sia_slurm.sim.apps.APPS`), ``num_replicas`` and ``batch_size`` the GPUs and global
-batch the user asked for, ``category`` an optional free-form label. Columns may come in any order.
+batch the user asked for, ``category`` an optional free-form label, ``user`` and ``account`` who
+submitted it (what fair shares count against; empty: nobody in particular). Columns may come in
+any order.
 
 Loading fails fast with a :class:`WorkloadError` naming file, line and field, e.g.
 ``workload-1.csv:7: application: expected one of bert, cifar10, ..., got 'resnet'``. A workload must
@@ -17,6 +19,7 @@ simulator admits them in file order).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ from sia_slurm.csvtable import CsvTableError, read_rows
 from sia_slurm.sim.apps import APPS
 
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+_OWNER_NAME = re.compile(r"^[A-Za-z0-9_.\-]*$")
 
 
 class WorkloadError(ValueError):
@@ -41,6 +45,8 @@ class WorkloadJob:
     num_replicas: int
     batch_size: int
     category: str = ""
+    user: str = ""
+    account: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,17 @@ def _parse_job(where: str, row: dict[str, str], apps: Collection[str]) -> Worklo
         num_replicas=_positive_int(where, "num_replicas", row["num_replicas"]),
         batch_size=_positive_int(where, "batch_size", row["batch_size"]),
         category=row.get("category", ""),
+        user=_owner_name(where, "user", row.get("user", "")),
+        account=_owner_name(where, "account", row.get("account", "")),
     )
+
+
+def _owner_name(where: str, field: str, text: str) -> str:
+    if not _OWNER_NAME.match(text):
+        raise WorkloadError(
+            f"{where}: {field}: expected a name of letters, digits, '_', '.' or '-', got {text!r}"
+        )
+    return text
 
 
 def _submit_time(where: str, text: str) -> float:

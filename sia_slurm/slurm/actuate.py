@@ -53,7 +53,8 @@ from sia_slurm.protocol import (
     read_document,
     write_document,
 )
-from sia_slurm.slurm import commands
+from sia_slurm.slurm import commands, timelimit
+from sia_slurm.slurm.accounting import AccountingReader
 from sia_slurm.slurm.calls import SlurmCalls
 from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.commands import Shape
@@ -136,6 +137,8 @@ class Actuator:
         self.documents = documents
         self.observe = observe
         self.calls = SlurmCalls(runner)
+        # Time limits over a job's whole life (issue 20); sacct only for jobs restarted.
+        self.life = timelimit.LifeLimits(runner, AccountingReader(runner), config.managed_marker)
         self.waits = Waits(config.restart.checkpoint_timeout_s, clock, paths, observe, runner)
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
@@ -325,6 +328,7 @@ class Actuator:
             step.assignment = assignment
             if not step.resubmitted:
                 self._bring_forward(step.action, step.job.current, book, assignment)
+        ready = [s for s in ready if self._limit_life(s, book)]
         failures = self.calls.batched(commands.release, [s.slurm_job_id for s in ready])
         for step in ready:
             action = step.action
@@ -337,6 +341,32 @@ class Actuator:
             said = f"{verb} to {step.shape.partition} {where} (Slurm job {step.slurm_job_id})"
             late = book.details.get(id(action), {}).get("start_time")
             book.ok(action, f"{said}; its StartTime was {late}" if late else said)
+
+    def _limit_life(self, step: _Placement, book: _Round) -> bool:
+        """Set the run's TimeLimit to what is left of the job's limit over all its runs
+        (:mod:`.timelimit`); a job with nothing left is cancelled, not started. False when
+        the step is done with."""
+        record = step.job.record
+        left = self.life.left(
+            step.action.sia_id, record.time_limit_min, record.submit_time, step.restarts
+        )
+        if left is None:
+            return True
+        try:
+            if left.seconds <= 0:
+                self.calls.run(timelimit.cancel(step.slurm_job_id))
+                book.fail(
+                    step.action,
+                    f"its time limit of {left.limit_min} min is used up over its runs "
+                    f"({left.used_s:.0f} s): cancelled, as Slurm would end it",
+                )
+                return False
+            self.calls.run(timelimit.set_time_limit(step.slurm_job_id, left))
+        except CommandError as exc:
+            book.fail(step.action, f"could not set the time left: {exc}")
+            return False
+        book.note(step.action, "time_left_s", f"{left.seconds:.0f}")
+        return True
 
     def _not_before(self, step: _Placement) -> float:
         """The earliest second (slurmctld's clock) the run may start: 0 for a job that was

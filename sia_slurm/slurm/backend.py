@@ -47,6 +47,7 @@ from sia_slurm.protocol import (
     exit_name,
 )
 from sia_slurm.slurm import commands
+from sia_slurm.slurm.accounting import AccountingReader, user_name
 from sia_slurm.slurm.actuate import Actuator
 from sia_slurm.slurm.clock import Clock, WallClock
 from sia_slurm.slurm.enforce import Enforcement, enforce
@@ -122,6 +123,7 @@ class SlurmBackend:
         self.records = RecordBook(self.paths.control_dir)
         self.enforcement = Enforcement()  # from the latest snapshot, for the next apply
         self._reported: set[str] = set()  # job-file problems already reported once
+        self.accounting = AccountingReader(runner)  # associations and QOS (issue 20)
         self.actuator = Actuator(
             config=config,
             runner=runner,
@@ -186,6 +188,7 @@ class SlurmBackend:
             jobs=tuple(jobs),
             reports=tuple(reports),
             rejected=tuple(self._once(rejected)),
+            site=self.accounting.read(now),
         )
 
     def _observe_job(
@@ -291,6 +294,9 @@ class SlurmBackend:
             finish_time=job.end_time if phase.finished else None,
             slurm_job_id=job.job_id,
             message=message,
+            user=user_name(job.user_id),
+            account=job.account,
+            qos=job.qos,
         )
 
     def _failure(

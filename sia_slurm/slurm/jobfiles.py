@@ -203,6 +203,9 @@ class SlurmRecord:
     superseded: tuple[str, ...] = ()
     failed_runs: tuple[str, ...] = ()
     slurm_failed_runs: tuple[str, ...] = ()
+    # The job's TimeLimit (minutes) at first sight, before the controller set the time left on
+    # a later run: its limit over its whole life (slurm/timelimit.py). None: unlimited.
+    time_limit_min: int | None = None
 
     def with_failure(self, run: RunId, users_fault: bool) -> SlurmRecord:
         """This record with ``run`` counted as a failed run (once, however often called)."""
@@ -231,6 +234,11 @@ class SlurmRecord:
                 superseded=tuple(_text(j) for j in payload.get("superseded", [])),
                 failed_runs=tuple(_text(r) for r in payload.get("failed_runs", [])),
                 slurm_failed_runs=tuple(_text(r) for r in payload.get("slurm_failed_runs", [])),
+                time_limit_min=(
+                    None
+                    if payload.get("time_limit_min") is None
+                    else _integer(payload["time_limit_min"])
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"{path}: bad controller record: {exc!r}") from None
@@ -249,6 +257,7 @@ class SlurmRecord:
                 "superseded": list(self.superseded),
                 "failed_runs": list(self.failed_runs),
                 "slurm_failed_runs": list(self.slurm_failed_runs),
+                "time_limit_min": self.time_limit_min,
             },
         )
 

@@ -101,7 +101,7 @@ def first_record(jobs: list[SlurmJob], owner: int | None) -> SlurmRecord | None:
     if not mine:
         return None
     first = next((j for j in mine if not j.finished), mine[0])
-    return SlurmRecord(first.job_id, owner, first.submit_time)
+    return SlurmRecord(first.job_id, owner, first.submit_time, time_limit_min=first.time_limit_min)
 
 
 def resolve(sia_id: str, jobs: list[SlurmJob], record: SlurmRecord) -> ManagedJob | None:

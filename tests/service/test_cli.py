@@ -77,6 +77,11 @@ def test_status_shows_gpu_types_and_jobs(setup: tuple[Path, FakeCluster]) -> Non
     assert data["live"] and {j["sia_id"] for j in data["jobs"]} == {"train-a", "train-b"}
     allocated = sum(c["allocated"] for c in data["gpu_types"].values())
     assert allocated == sum(j.config.gpus for j in cluster.jobs.values() if j.config)
+    # No accounting in the fake cluster, no shares: in the config: said so (issue 20).
+    assert "shares: equal shares per user (Slurm has no accounting" in result.output
+    assert data["shares"].startswith("shares: equal shares per user")
+    offline = invoke(None, "status", "--config", str(config), "--offline").output
+    assert "shares: equal shares per user; with Slurm accounting" in offline
 
 
 def test_status_and_explain_do_not_repeat_the_backends_warnings(

@@ -159,7 +159,10 @@ def test_snapshot_of_captured_cluster(captured: Any) -> None:
     failed = RunExit("failed-1", "17", 0, "failed", 3, message="exit 3")
     write_document(paths.job_dir("failed-1") / "exit-17.0.json", failed)
     snapshot = backend.snapshot()
-    assert [c[0] for c in runner.calls] == ["scontrol", "scontrol", "squeue"]  # 3 commands
+    # 3 commands a round, and once per process `scontrol show config` (is accounting on?)
+    config = ["scontrol", "show", "config"]
+    assert [c[0] for c in runner.calls if c != config] == ["scontrol", "scontrol", "squeue"]
+    assert runner.calls.count(config) == 1 and snapshot.site is None
     usable = {
         node.name: (node.gpu_type, node.total_gpus, node.usable_gpus) for node in snapshot.nodes
     }
@@ -647,6 +650,7 @@ def test_shrink_by_resubmission_keeps_the_sia_id(fake_slurm: Any) -> None:
         "superseded": [old],
         "failed_runs": [],
         "slurm_failed_runs": [],
+        "time_limit_min": None,  # the job's limit at first sight (none here), for its life
     }
     assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
     assert (assignment.slurm_job_id, assignment.restarts) == (new, 1)

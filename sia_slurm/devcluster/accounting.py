@@ -1,0 +1,566 @@
+"""Slurm accounting for the dev cluster: a MariaDB server, slurmdbd, and associations.
+
+``sia-slurm dev-cluster up --accounting`` starts Debian's ``mariadbd`` as the unprivileged
+``mysql`` account with its data under the cluster's directory (``<dir>/db``, TCP on 127.0.0.1
+only), then ``slurmdbd`` on it, registers the cluster and creates the accounts, users, QOS and
+GPU limits of an :class:`AccountingSpec` with ``sacctmgr``, all before slurmctld starts (which
+then enforces associations, limits and QOS and stores each job's comment, so ``sacct`` can join
+the runs of one sia job).
+
+The spec is a small YAML file (``--accounts FILE``; without it :data:`DEFAULT_ACCOUNTS`)::
+
+    accounts:
+      physics: {fairshare: 2}
+      biology: {fairshare: 1, gpus: 4}          # GrpTRES=gres/gpu=4
+    users:
+      alice: {accounts: [physics, biology], gpus_per_job: 2}
+    qos:
+      short: {gpus_per_user: 4}                 # MaxTRESPerUser=gres/gpu=4
+
+The invoking user and SlurmUser always get an association (with the first account), so the
+dev cluster's own checks and the controller keep working.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sia_slurm.devcluster.chroot import SYSTEM
+from sia_slurm.devcluster.faults import DevClusterError
+from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon
+from sia_slurm.devcluster.render import ClusterLayout
+from sia_slurm.devcluster.spec import DevClusterSpec
+
+PACKAGES = "slurmdbd mariadb-server"
+DB_USER = "mysql"
+DATABASE = "siadev_acct_db"
+
+DEFAULT_ACCOUNTS = """\
+accounts:
+  physics: {fairshare: 1}
+  biology: {fairshare: 1}
+"""
+
+
+class AccountingSpecError(ValueError):
+    """An accounts spec could not be used; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class LimitSpec:
+    """GPU limits of one association or QOS (None: no limit)."""
+
+    gpus: int | None = None  # GrpTRES=gres/gpu=N
+    gpus_per_user: int | None = None  # MaxTRESPerUser=gres/gpu=N (QOS only)
+    gpus_per_job: int | None = None  # MaxTRESPerJob=gres/gpu=N
+
+    def sacctmgr_args(self) -> list[str]:
+        args = []
+        for key, value in (
+            ("GrpTRES", self.gpus),
+            ("MaxTRESPerUser", self.gpus_per_user),
+            ("MaxTRESPerJob", self.gpus_per_job),
+        ):
+            if value is not None:
+                args.append(f"{key}=gres/gpu={value}")
+        return args
+
+
+@dataclass(frozen=True)
+class AccountSpec:
+    name: str
+    fairshare: int = 1
+    limits: LimitSpec = LimitSpec()
+
+
+@dataclass(frozen=True)
+class UserSpec:
+    name: str
+    accounts: tuple[str, ...]
+    fairshare: int = 1
+    limits: LimitSpec = LimitSpec()
+
+
+@dataclass(frozen=True)
+class AccountingSpec:
+    accounts: tuple[AccountSpec, ...]
+    users: tuple[UserSpec, ...] = ()
+    qos: Mapping[str, LimitSpec] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str, where: str = "accounts spec") -> AccountingSpec:
+        """Parse the YAML spec; every error names ``where`` and the field."""
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise AccountingSpecError(f"{where}: not YAML: {exc}") from None
+        _keys(data, where, ("accounts", "users", "qos"))
+        accounts = []
+        for name, raw in _mapping(data.get("accounts"), f"{where}: accounts").items():
+            at = f"{where}: accounts.{name}"
+            raw = _mapping(raw, at)
+            _keys(raw, at, ("fairshare", "gpus", "gpus_per_job"))
+            limits = LimitSpec(
+                gpus=_count(raw.get("gpus"), f"{at}.gpus"),
+                gpus_per_job=_count(raw.get("gpus_per_job"), f"{at}.gpus_per_job"),
+            )
+            fairshare = _count(raw.get("fairshare", 1), f"{at}.fairshare") or 1
+            accounts.append(AccountSpec(_name(name, at), fairshare, limits))
+        if not accounts:
+            raise AccountingSpecError(f"{where}: accounts: expected at least one account")
+        known = {a.name for a in accounts}
+        users = []
+        for name, raw in _mapping(data.get("users"), f"{where}: users").items():
+            at = f"{where}: users.{name}"
+            raw = _mapping(raw, at)
+            _keys(raw, at, ("accounts", "fairshare", "gpus", "gpus_per_job"))
+            member = raw.get("accounts", [accounts[0].name])
+            if not isinstance(member, list) or not member or any(a not in known for a in member):
+                raise AccountingSpecError(
+                    f"{at}.accounts: expected a list of accounts from {sorted(known)}, "
+                    f"got {member!r}"
+                )
+            limits = LimitSpec(
+                gpus=_count(raw.get("gpus"), f"{at}.gpus"),
+                gpus_per_job=_count(raw.get("gpus_per_job"), f"{at}.gpus_per_job"),
+            )
+            fairshare = _count(raw.get("fairshare", 1), f"{at}.fairshare") or 1
+            users.append(UserSpec(_name(name, at), tuple(member), fairshare, limits))
+        qos = {}
+        for name, raw in _mapping(data.get("qos"), f"{where}: qos").items():
+            at = f"{where}: qos.{name}"
+            raw = _mapping(raw, at)
+            _keys(raw, at, ("gpus", "gpus_per_user", "gpus_per_job"))
+            qos[_name(name, at)] = LimitSpec(
+                gpus=_count(raw.get("gpus"), f"{at}.gpus"),
+                gpus_per_user=_count(raw.get("gpus_per_user"), f"{at}.gpus_per_user"),
+                gpus_per_job=_count(raw.get("gpus_per_job"), f"{at}.gpus_per_job"),
+            )
+        return cls(tuple(accounts), tuple(users), qos)
+
+    def with_users(self, names: Sequence[str]) -> AccountingSpec:
+        """The spec plus an association in the first account for each of ``names`` it lacks."""
+        have = {u.name for u in self.users}
+        extra = tuple(
+            UserSpec(n, (self.accounts[0].name,)) for n in dict.fromkeys(names) if n not in have
+        )
+        return AccountingSpec(self.accounts, self.users + extra, self.qos)
+
+
+def _mapping(value: Any, at: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise AccountingSpecError(f"{at}: expected a mapping, got {value!r}")
+    return value
+
+
+def _keys(value: dict[str, Any], at: str, allowed: Sequence[str]) -> None:
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise AccountingSpecError(
+            f"{at}: unknown key {unknown[0]!r}; valid keys here: {', '.join(allowed)}"
+        )
+
+
+def _count(value: Any, at: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AccountingSpecError(f"{at}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _name(value: Any, at: str) -> str:
+    text = str(value)
+    if not text or not all(c.isalnum() or c in "_-." for c in text):
+        raise AccountingSpecError(f"{at}: expected a name of letters, digits, '_', '-', '.'")
+    return text.lower()
+
+
+@dataclass(frozen=True)
+class AccountingLayout:
+    """Where accounting keeps its files under the dev cluster's directory, and its ports."""
+
+    root: Path
+    port_base: int
+    nodes: int  # the cluster's slurmd ports come first; MariaDB and slurmdbd take the next two
+
+    @property
+    def db_dir(self) -> Path:
+        return self.root / "db"
+
+    @property
+    def mariadb_run(self) -> Path:
+        return self.root / "run" / "mariadb"
+
+    @property
+    def mariadb_socket(self) -> Path:
+        return self.mariadb_run / "mysqld.sock"
+
+    @property
+    def mariadb_port(self) -> int:
+        return self.port_base + self.nodes + 1
+
+    @property
+    def slurmdbd_port(self) -> int:
+        return self.port_base + self.nodes + 2
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        """Next to slurm.conf: slurmdbd reads the one in SLURM_CONF's directory."""
+        return self.root / "etc" / "slurmdbd.conf"
+
+    @property
+    def password_file(self) -> Path:
+        return self.root / "etc" / "dbpass"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+
+def slurm_conf_lines(layout: AccountingLayout, munge_socket: Path) -> list[str]:
+    """slurm.conf lines that replace ``accounting_storage/none`` when accounting is on."""
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=localhost",
+        f"AccountingStoragePort={layout.slurmdbd_port}",
+        # The munge socket of connections to slurmdbd (sacctmgr's, slurmctld's); AuthInfo's
+        # socket= does not reach them on 22.05.
+        f"AccountingStoragePass={munge_socket}",
+        "AccountingStorageTRES=gres/gpu",
+        "AccountingStorageEnforce=associations,limits,qos",
+        # sacct shows each run's comment: the sia id joins the runs of one sia job.
+        "AccountingStoreFlags=job_comment",
+        "PriorityType=priority/multifactor",
+        "PriorityWeightFairshare=10000",
+    ]
+
+
+def render_slurmdbd_conf(
+    layout: AccountingLayout, slurm_user: str, munge_socket: Path, password: str
+) -> str:
+    return "\n".join(
+        [
+            "# Written by `sia-slurm dev-cluster up --accounting`.",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={munge_socket}",
+            "DbdHost=localhost",
+            f"DbdPort={layout.slurmdbd_port}",
+            f"SlurmUser={slurm_user}",
+            f"LogFile={layout.log_dir}/slurmdbd.log",
+            f"PidFile={layout.root}/run/slurmdbd.pid",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            f"StoragePort={layout.mariadb_port}",
+            "StorageUser=slurm",
+            f"StoragePass={password}",
+            f"StorageLoc={DATABASE}",
+            "",
+        ]
+    )
+
+
+def sacctmgr_commands(spec: AccountingSpec, cluster: str) -> list[list[str]]:
+    """The sacctmgr argv lists (after ``sacctmgr -i``) that create ``spec``'s associations."""
+    commands = []
+    for name, limits in spec.qos.items():
+        commands.append(["add", "qos", name, *limits.sacctmgr_args()])
+    for account in spec.accounts:
+        commands.append(
+            [
+                "add",
+                "account",
+                account.name,
+                f"Cluster={cluster}",
+                f"Fairshare={account.fairshare}",
+                *account.limits.sacctmgr_args(),
+            ]
+        )
+    qos = ",".join(["normal", *spec.qos])
+    for user in spec.users:
+        commands.append(
+            [
+                "add",
+                "user",
+                user.name,
+                f"Account={','.join(user.accounts)}",
+                f"DefaultAccount={user.accounts[0]}",
+                f"Cluster={cluster}",
+                f"Fairshare={user.fairshare}",
+                f"QOS={qos}",
+                *user.limits.sacctmgr_args(),
+            ]
+        )
+    return commands
+
+
+def find_accounting_binaries() -> dict[str, str]:
+    """mariadbd, mariadb-install-db, mariadb (client), slurmdbd and sacctmgr, or an error
+    naming the Debian packages."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+    names = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr")
+    found = {name: shutil.which(name, path=path) for name in names}
+    missing = [name for name, where in found.items() if where is None]
+    if missing:
+        raise DevClusterError(
+            f"--accounting needs {', '.join(missing)}: apt-get install -y "
+            f"--no-install-recommends {PACKAGES}"
+        )
+    return {name: str(where) for name, where in found.items()}
+
+
+def start_mariadb(layout: AccountingLayout, binaries: Mapping[str, str]) -> DaemonRecord:
+    """Initialise the database directory if new, start mariadbd as ``mysql`` (unprivileged,
+    127.0.0.1 only) and wait for its socket."""
+    try:
+        account = pwd.getpwnam(DB_USER)
+    except KeyError:
+        raise DevClusterError(
+            f"account {DB_USER!r} missing: it comes with Debian's mariadb-server"
+        ) from None
+    for directory in (layout.db_dir, layout.mariadb_run):
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chown(directory, account.pw_uid, account.pw_gid)
+    if not (layout.db_dir / "mysql").is_dir():
+        _setup(
+            [
+                binaries["mariadb-install-db"],
+                "--no-defaults",
+                f"--user={DB_USER}",
+                f"--datadir={layout.db_dir}",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+            "mariadb-install-db",
+        )
+    layout.mariadb_socket.unlink(missing_ok=True)
+    log = layout.log_dir / "mariadb.log"
+    log.touch()
+    os.chown(log, account.pw_uid, account.pw_gid)
+    record = start_daemon(
+        "mariadbd",
+        [
+            binaries["mariadbd"],
+            "--no-defaults",
+            f"--user={DB_USER}",
+            f"--datadir={layout.db_dir}",
+            f"--socket={layout.mariadb_socket}",
+            f"--port={layout.mariadb_port}",
+            "--bind-address=127.0.0.1",
+            "--skip-name-resolve",
+            f"--pid-file={layout.mariadb_run}/mysqld.pid",
+            f"--log-error={log}",
+            "--innodb-buffer-pool-size=32M",
+            # slurmdbd's own advice for its tables (it warns below these)
+            "--innodb-lock-wait-timeout=900",
+            "--innodb-log-file-size=64M",
+        ],
+        layout.log_dir / "mariadb.out",
+        marker=str(layout.db_dir),
+    )
+    return record
+
+
+def wait_for_mariadb(layout: AccountingLayout, record: DaemonRecord) -> None:
+    _wait(lambda: layout.mariadb_socket.exists(), record, 60, layout.log_dir / "mariadb.log")
+
+
+def grant_slurmdbd(layout: AccountingLayout, binaries: Mapping[str, str]) -> str:
+    """Create (or reset) the database user slurmdbd logs in as; return its password, which
+    lives only in slurmdbd.conf (mode 600, SlurmUser's)."""
+    password = secrets.token_hex(12)
+    sql = (
+        f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+        f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+        f"GRANT ALL ON `{DATABASE}`.* TO 'slurm'@'127.0.0.1';"
+    )
+    _setup(
+        [
+            binaries["mariadb"],
+            "--no-defaults",
+            "-S",
+            str(layout.mariadb_socket),
+            "-u",
+            "root",
+            "-e",
+            sql,
+        ],
+        "mariadb (creating slurmdbd's database user)",
+    )
+    return password
+
+
+def write_slurmdbd_conf(
+    layout: AccountingLayout, slurm_user: str, munge_socket: Path, password: str
+) -> None:
+    """slurmdbd refuses a config others can read; it must be SlurmUser's, mode 600."""
+    path = layout.slurmdbd_conf
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(render_slurmdbd_conf(layout, slurm_user, munge_socket, password))
+    user = pwd.getpwnam(slurm_user)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    log = layout.log_dir / "slurmdbd.log"
+    log.touch()
+    os.chown(log, user.pw_uid, user.pw_gid)
+
+
+def start_slurmdbd(
+    layout: AccountingLayout, binaries: Mapping[str, str], env: Mapping[str, str]
+) -> DaemonRecord:
+    """slurmdbd in the foreground, reading slurmdbd.conf from SLURM_CONF's directory."""
+    return start_daemon(
+        "slurmdbd",
+        [binaries["slurmdbd"], "-D"],
+        layout.log_dir / "slurmdbd.out",
+        marker=f"slurmdbd:{layout.slurmdbd_conf}",
+        env=env,
+    )
+
+
+def wait_for_slurmdbd(
+    layout: AccountingLayout,
+    record: DaemonRecord,
+    binaries: Mapping[str, str],
+    env: Mapping[str, str],
+) -> None:
+    """Until ``sacctmgr`` gets an answer from slurmdbd."""
+
+    def answers() -> bool:
+        proc = subprocess.run(
+            [binaries["sacctmgr"], "-n", "-P", "show", "cluster"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            timeout=20,
+            check=False,
+        )
+        return proc.returncode == 0
+
+    _wait(answers, record, 60, layout.log_dir / "slurmdbd.log", every_s=0.5)
+
+
+def register_cluster(cluster: str, binaries: Mapping[str, str], env: Mapping[str, str]) -> None:
+    """The cluster's record in slurmdbd, before slurmctld first registers with it."""
+    _sacctmgr(["add", "cluster", cluster], binaries, env)
+
+
+def create_associations(
+    spec: AccountingSpec,
+    cluster: str,
+    binaries: Mapping[str, str],
+    env: Mapping[str, str],
+    timeout_s: float = 60.0,
+) -> None:
+    """Run the spec's sacctmgr commands once slurmctld has registered the ``gres/gpu`` TRES
+    (limits on it are refused before); one that fails names its argv and output. An association
+    that already exists (a restarted cluster) is not an error."""
+    deadline = time.monotonic() + timeout_s
+    while "gres|gpu" not in _sacctmgr(["-n", "-P", "show", "tres"], binaries, env):
+        if time.monotonic() > deadline:
+            raise DevClusterError(
+                f"slurmctld did not register the gres/gpu TRES with slurmdbd in {timeout_s:g} s"
+            )
+        time.sleep(0.5)
+    for command in sacctmgr_commands(spec, cluster):
+        _sacctmgr(command, binaries, env)
+
+
+def _sacctmgr(command: list[str], binaries: Mapping[str, str], env: Mapping[str, str]) -> str:
+    argv = [binaries["sacctmgr"], "-i", *command]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=30, check=False
+    )
+    said = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0 and "Nothing new added" not in said and "already" not in said:
+        raise DevClusterError(f"{' '.join(argv)} failed ({proc.returncode}): {said[-400:]}")
+    return proc.stdout
+
+
+def _setup(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode != 0:
+        raise DevClusterError(f"{what} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+
+
+def _wait(
+    ready: Any, record: DaemonRecord, timeout_s: float, log: Path, every_s: float = 0.1
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if not is_alive(record) or time.monotonic() > deadline:
+            try:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
+            except OSError:
+                tail = f"({log} unreadable)"
+            state = "exited" if not is_alive(record) else f"not ready in {timeout_s:g} s"
+            raise DevClusterError(f"{record.role} {state}:\n{tail}")
+        time.sleep(every_s)
+
+
+class AccountingSteps:
+    """Starting accounting with a dev cluster (mixed into ``DevCluster``, as its fault
+    operations are): its layout and ports, MariaDB and slurmdbd before slurmctld, the spec's
+    associations once slurmctld has registered."""
+
+    layout: ClusterLayout
+    accounting: AccountingSpec | None
+    _slurm: str
+
+    # Provided by DevCluster.
+    @property
+    def env(self) -> dict[str, str]: ...
+    def _save(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None: ...
+
+    def accounting_layout(self, spec: DevClusterSpec) -> AccountingLayout:
+        """Where accounting keeps its files, and its two ports after the slurmd ports."""
+        return AccountingLayout(self.layout.root, self.layout.port_base, len(spec.node_names()))
+
+    def _ports(self, spec: DevClusterSpec) -> list[int]:
+        ports = self.layout.ports(spec)
+        if self.accounting is not None:
+            layout = self.accounting_layout(spec)
+            ports += [layout.mariadb_port, layout.slurmdbd_port]
+        return ports
+
+    def _start_accounting(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None:
+        """MariaDB, slurmdbd and the spec's associations, before slurmctld starts (which then
+        registers with slurmdbd and enforces the associations' limits)."""
+        assert self.accounting is not None
+        if self._slurm != SYSTEM:
+            raise DevClusterError("--accounting runs on the host's Slurm only (--slurm system)")
+        binaries = find_accounting_binaries()
+        layout = self.accounting_layout(spec)
+        records.append(start_mariadb(layout, binaries))
+        self._save(spec, records)
+        wait_for_mariadb(layout, records[-1])
+        password = grant_slurmdbd(layout, binaries)
+        user = self.layout.controller_user
+        write_slurmdbd_conf(layout, user, self.layout.munge_socket, password)
+        records.append(start_slurmdbd(layout, binaries, self.env))
+        self._save(spec, records)
+        wait_for_slurmdbd(layout, records[-1], binaries, self.env)
+        register_cluster("siadev", binaries, self.env)
+
+    def _create_associations(self) -> None:
+        """The spec's accounts, users, QOS and limits, with an association for the invoking
+        user and SlurmUser (so the cluster's own checks and the controller keep working)."""
+        if self.accounting is None:
+            return
+        binaries = find_accounting_binaries()
+        users = [self.layout.user, self.layout.controller_user]
+        create_associations(self.accounting.with_users(users), "siadev", binaries, self.env)

@@ -1,0 +1,181 @@
+"""Fair shares between accounts and users: each job's weight in Sia's objective.
+
+Sia is fair between *jobs*; a site is shared between *accounts* and *users*. The hierarchy is
+account -> user -> job: the accounts with live jobs split the cluster by their shares, the users
+of an account with live jobs split the account's part by theirs, and a user's jobs split the
+user's part equally. A job's weight is its part of the cluster times the number of live jobs, so
+that with one account and one user (or equal parts everywhere) every weight is exactly 1 and Sia
+runs as it always has. The policy multiplies each job's objective coefficients by its weight
+(:func:`sia_slurm.policy.sia.build_columns`; docs/deviations.md states the program).
+
+Shares come from the config (``shares:``, :class:`SharesConfig`) or, with Slurm accounting, from
+the site's associations. A job's account is the one ``shares.users`` gives its user, else the
+Slurm account it runs under, else :data:`DEFAULT_ACCOUNT`; accounts and users not listed get
+``default_share``. Without a ``shares:`` section every user gets an equal share.
+
+Standard library only: the config loader (read on every job start) imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+DEFAULT_ACCOUNT = "(none)"
+"""The account of jobs that run under no account the shares know."""
+
+
+@dataclass(frozen=True)
+class UserShareConfig:
+    """A user's account and share within that account."""
+
+    account: str | None = None  # None: the Slurm account each job runs under
+    share: float = 1.0
+
+
+@dataclass(frozen=True)
+class SharesConfig:
+    """The site's shares: per account, and per user within an account (all > 0)."""
+
+    accounts: Mapping[str, float] = field(default_factory=dict)
+    users: Mapping[str, UserShareConfig] = field(default_factory=dict)
+    default_share: float = 1.0
+    usage_half_life_s: float = 3600.0  # how long past GPU time counts (UsageLedger)
+    usage_factor_limit: float = 8.0  # clip of the usage factors; 1: static shares only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "accounts", MappingProxyType(dict(self.accounts)))
+        object.__setattr__(self, "users", MappingProxyType(dict(self.users)))
+        for name, share in [*self.accounts.items(), ("default_share", self.default_share)]:
+            if not share > 0:
+                raise ValueError(f"SharesConfig: share of {name}: expected > 0, got {share}")
+        if not self.usage_factor_limit >= 1:
+            raise ValueError(
+                f"SharesConfig.usage_factor_limit: expected >= 1, got {self.usage_factor_limit}"
+            )
+        if not self.usage_half_life_s > 0:
+            raise ValueError(
+                f"SharesConfig.usage_half_life_s: expected > 0, got {self.usage_half_life_s}"
+            )
+        for name, user in self.users.items():
+            if not user.share > 0:
+                raise ValueError(f"SharesConfig: user {name}: share expected > 0, got {user.share}")
+
+    def account_of(self, user: str, account: str) -> str:
+        """The account a job of ``user`` submitted under Slurm ``account`` counts against."""
+        configured = self.users.get(user)
+        if configured is not None and configured.account is not None:
+            return configured.account
+        return account or DEFAULT_ACCOUNT
+
+    def account_share(self, account: str) -> float:
+        return self.accounts.get(account, self.default_share)
+
+    def user_share(self, user: str) -> float:
+        configured = self.users.get(user)
+        return self.default_share if configured is None else configured.share
+
+
+EQUAL_USERS = SharesConfig()
+"""No ``shares:`` section: every account and user counts the same."""
+
+
+@dataclass(frozen=True)
+class JobOwner:
+    """Who a live job belongs to, as the cluster reports it."""
+
+    job_id: str
+    user: str = ""
+    account: str = ""
+    qos: str = ""
+
+
+def job_weights(
+    owners: Iterable[JobOwner],
+    shares: SharesConfig,
+    factors: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Each live job's weight: ``n * (S_a / sum S) * (s_u / sum_a s) / n_u``.
+
+    ``S_a`` (the account's share times its usage factor, :class:`UsageLedger`; 1 if ``factors``
+    has none) runs over the accounts with live jobs, ``s_u`` over the users with live jobs in the
+    job's account, ``n_u`` counts the user's live jobs and ``n`` all live jobs; the weights sum
+    to ``n`` and are all 1 when every account and user has the same share and number of jobs.
+    """
+    owners = list(owners)
+    if not owners:
+        return {}
+    factors = factors or {}
+
+    def account_share(account: str) -> float:
+        return shares.account_share(account) * factors.get(account, 1.0)
+
+    account_of = {o.job_id: shares.account_of(o.user, o.account) for o in owners}
+    jobs_of: dict[tuple[str, str], int] = {}
+    for owner in owners:
+        key = (account_of[owner.job_id], owner.user)
+        jobs_of[key] = jobs_of.get(key, 0) + 1
+    user_total: dict[str, float] = {}
+    for account, user in jobs_of:
+        user_total[account] = user_total.get(account, 0.0) + shares.user_share(user)
+    account_total = sum(account_share(account) for account in user_total)
+    weights = {}
+    for owner in owners:
+        account = account_of[owner.job_id]
+        part = account_share(account) / account_total
+        part *= shares.user_share(owner.user) / user_total[account]
+        weights[owner.job_id] = len(owners) * part / jobs_of[(account, owner.user)]
+    return weights
+
+
+def account_parts(owners: Iterable[JobOwner], shares: SharesConfig) -> Mapping[str, float]:
+    """The fraction of the cluster each account with live jobs is entitled to (sums to 1)."""
+    accounts = {shares.account_of(o.user, o.account) for o in owners}
+    total = sum(shares.account_share(a) for a in accounts)
+    return {a: shares.account_share(a) / total for a in sorted(accounts)}
+
+
+@dataclass
+class UsageLedger:
+    """Each account's recent GPU time, decayed with a half-life: the memory that turns static
+    shares into shares of *used* GPU time (Slurm's fair-share factor works the same way).
+
+    :meth:`record` adds the GPUs each account held over the last interval; :meth:`factors` gives
+    each account with live jobs ``(part / used) ** gain``, clipped to ``[1/limit, limit]``, where
+    ``part`` is its entitled fraction (:func:`account_parts`) and ``used`` its fraction of the
+    recent GPU time of those accounts. An account under its share is weighed up, one over it
+    down; before any usage every factor is 1.
+    """
+
+    half_life_s: float = 3600.0
+    gain: float = 1.0
+    limit: float = 8.0
+    used: dict[str, float] = field(default_factory=dict)  # decayed GPU-seconds per account
+    time: float | None = None
+    held: Mapping[str, float] = field(default_factory=dict)  # GPUs per account since ``time``
+
+    def record(self, now: float, held: Mapping[str, float]) -> None:
+        """Charge the GPUs held since the last call up to ``now``; ``held`` is what each
+        account holds from ``now`` on (charged at the next call)."""
+        if self.time is not None and now > self.time:
+            elapsed = now - self.time
+            decay = 0.5 ** (elapsed / self.half_life_s)
+            for account in self.used:
+                self.used[account] *= decay
+            for account, gpus in self.held.items():
+                self.used[account] = self.used.get(account, 0.0) + gpus * elapsed
+        if self.time is None or now >= self.time:
+            self.time = now
+            self.held = dict(held)
+
+    def factors(self, parts: Mapping[str, float]) -> dict[str, float]:
+        total = sum(self.used.get(account, 0.0) for account in parts)
+        if total <= 0:
+            return dict.fromkeys(parts, 1.0)
+        result = {}
+        for account, part in parts.items():
+            used = self.used.get(account, 0.0) / total
+            ratio = self.limit if used <= 0 else (part / used) ** self.gain
+            result[account] = min(max(ratio, 1.0 / self.limit), self.limit)
+        return result

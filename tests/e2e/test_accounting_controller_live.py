@@ -1,0 +1,233 @@
+"""Issue 20 acceptance on real Slurm with accounting: an account limited by
+``GrpTRES=gres/gpu=4`` is never granted more than 4 GPUs by the controller, whatever its jobs
+would like, and the GPUs it may not have go to the other account.
+
+The dev cluster runs slurmdbd on MariaDB (``DevCluster(accounting=...)``); the controller runs
+``controller run --once`` as the service account, as cron would, and reads the associations
+with sacctmgr. Three growing jobs of account ``biology`` (limit 4) and one of ``physics`` (no
+limit) share 8 A100s; after every round the decisions the controller logged and what Slurm runs
+are checked against the limit. Host Slurm only (Debian's slurmdbd; see
+tests/slurm/test_accounting_live.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sia_slurm.devcluster import DevCluster, DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.devcluster.accounting import AccountingSpec  # noqa: E402
+from sia_slurm.protocol import StatePaths  # noqa: E402
+from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.slurm.runner import SubprocessRunner  # noqa: E402
+from sia_slurm.state.tree import set_up  # noqa: E402
+from tests.accounts import SharedTmp, TestAccounts  # noqa: E402
+from tests.e2e.test_controller_live import Site, wait_for  # noqa: E402
+from tests.release import TEST_PORT_BASE, TEST_SLURM  # noqa: E402
+from tests.slurm.conftest import LiveSubmitter  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        TEST_SLURM != "system", reason="dev-cluster accounting runs on the host's Slurm only"
+    ),
+]
+
+PORT_OFFSET = 60  # base+60..+64: apart from the session cluster and tests/slurm's accounting one
+SPEC = DevClusterSpec.parse("a100:2x4")
+ACCOUNTS = """\
+accounts:
+  physics: {fairshare: 1}
+  biology: {fairshare: 1, gpus: 4}
+users:
+  root: {accounts: [physics, biology]}
+"""
+LIMIT = 4
+
+
+@pytest.fixture(scope="module")
+def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
+    cluster = DevCluster(
+        shared_tmp.mktemp("accounting-controller"),
+        port_base=TEST_PORT_BASE + PORT_OFFSET,
+        slurm_user=test_accounts.service.name,
+        accounting=AccountingSpec.parse(ACCOUNTS, "ACCOUNTS"),
+    )
+    cluster.up(SPEC)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def submitter(cluster: DevCluster, paths: StatePaths, account: str) -> LiveSubmitter:
+    """Submits under ``account`` (sbatch reads SBATCH_ACCOUNT), as a user with ``-A`` would."""
+    return LiveSubmitter(
+        cluster, paths, SubprocessRunner(env={**cluster.env, "SBATCH_ACCOUNT": account})
+    )
+
+
+def make_site(cluster: DevCluster, accounts: TestAccounts, root: Path) -> tuple[Site, Path]:
+    """A controller site on the accounting cluster, jobs submitted under ``physics``."""
+    paths = StatePaths(root / "state")
+    service = accounts.service
+    set_up(paths.state_dir, service.uid, service.gid)
+    config_path = root / "sia.yaml"
+    config_path.write_text(
+        controller_config(
+            SPEC,
+            paths.state_dir,
+            round_seconds=10,
+            policy_params={"lambda_a": 0.01},
+            checkpoint_timeout_s=30,
+        )
+    )
+    log_path = paths.state_dir / "controller.jsonl"
+    return Site(cluster, root, submitter(cluster, paths, "physics"), config_path, log_path), paths
+
+
+def test_a_three_minute_job_moved_twice_runs_three_minutes_in_all(
+    accounting_cluster: DevCluster,
+    test_accounts: TestAccounts,
+    shared_tmp_path: Path,
+) -> None:
+    """``--time=3``: the job grows 1 -> 2 -> 4 GPUs, each a move (requeue and restart), after
+    ~50 s of running each time; Slurm restarts its clock at each requeue, so without the
+    controller's TimeLimit the last run alone could use 3 minutes. It ends TIMEOUT with its
+    runs' time (sacct) adding up to 3 minutes, give or take Slurm's time-limit check period."""
+    site, paths = make_site(accounting_cluster, test_accounts, shared_tmp_path)
+    site.submitter = LiveSubmitter(
+        accounting_cluster,
+        paths,
+        SubprocessRunner(env={**accounting_cluster.env, "SBATCH_TIMELIMIT": "3"}),
+    )
+    slurm_id = ""
+    try:
+        slurm_id = site.submit("tl-1", partition="a100", max_gpus=4)
+        assert site.slurm_job(slurm_id)["TimeLimit"] == "00:03:00"
+        for step, kind in enumerate(("start", "move", "move")):
+            played = site.round()
+            assert played.actions["tl-1"]["kind"] == kind, played.actions
+            site.wait_started("tl-1", played.index)
+            if kind == "move":
+                # The time left was set on the run: 3 minutes less the earlier runs.
+                limit = site.slurm_job(slurm_id)["TimeLimit"]
+                record_file = site.paths.slurm_record("tl-1")
+                assert limit < "00:03:00", (
+                    limit,
+                    record_file.read_text() if record_file.exists() else None,
+                    played.actions["tl-1"],
+                )
+            if step < 2:
+                time.sleep(55)  # ~1 minute of run time, with the start's own seconds
+
+        def ended() -> dict[str, str] | None:
+            record = site.slurm_job(slurm_id)
+            done = record["JobState"] in ("TIMEOUT", "COMPLETED", "FAILED", "CANCELLED")
+            return record if done else None
+
+        record = wait_for(
+            ended, "the job ends", timeout_s=240, diagnose=lambda: site.diagnosis("tl-1")
+        )
+        assert record["JobState"] == "TIMEOUT", record
+        rows = site.run(
+            ["sacct", "-X", "-n", "-P", "-D", "-j", slurm_id, "-o", "JobID,ElapsedRaw,State"]
+        ).splitlines()
+        runs = [int(row.split("|")[1]) for row in rows]
+        assert len(runs) == 3, rows  # three runs: the start and two moves
+        # 180 s in all: each later run's limit is the time left in whole minutes (Slurm's
+        # unit, rounded to the nearest), and Slurm checks limits every 30 s, then KillWait.
+        assert 150 <= sum(runs) <= 180 + 45, rows
+    finally:
+        if slurm_id:
+            site.run(["scancel", slurm_id], check=False)
+
+
+def test_grptres_account_never_gets_more_than_its_limit(
+    accounting_cluster: DevCluster,
+    test_accounts: TestAccounts,
+    shared_tmp_path: Path,
+) -> None:
+    paths = StatePaths(shared_tmp_path / "state")
+    service = test_accounts.service
+    set_up(paths.state_dir, service.uid, service.gid)
+    config_path = shared_tmp_path / "sia.yaml"
+    config_path.write_text(
+        controller_config(
+            SPEC,
+            paths.state_dir,
+            round_seconds=10,
+            policy_params={"lambda_a": 0.01},
+            checkpoint_timeout_s=30,
+        )
+    )
+    site = Site(
+        accounting_cluster,
+        shared_tmp_path,
+        submitter(accounting_cluster, paths, "physics"),
+        config_path,
+        paths.state_dir / "controller.jsonl",
+    )
+    biology = submitter(accounting_cluster, paths, "biology")
+    limited = {"bio-1", "bio-2", "bio-3"}
+    try:
+        site.submit("phys-1", partition="a100")
+        for sia_id in sorted(limited):
+            site.submitter, original = biology, site.submitter
+            try:
+                site.submit(sia_id, partition="a100")
+            finally:
+                site.submitter = original
+        accounts = {
+            job.job_id: job.account
+            for job in parse_squeue_json(site.run(["squeue", "--json"])).jobs
+            if job.job_id in site.slurm_ids  # not an earlier test's, still listed
+        }
+        assert sorted(accounts.values()) == ["biology"] * 3 + ["physics"]
+        granted: list[int] = []
+        for _ in range(5):
+            log = site.round()
+            gpus = {
+                job: int(d["after"].split("x")[-1]) * int(d["after"].split(":")[1].split("x")[0])
+                for job, d in log.decisions.items()
+                if d["after"] != "-"
+            }
+            granted.append(sum(g for job, g in gpus.items() if job in limited))
+            assert granted[-1] <= LIMIT, (granted, log.decisions)
+            # Slurm agrees: the biology jobs it runs hold at most 4 GPUs, and none of them
+            # waits released on the association's limit (the controller never asked for more).
+            jobs = parse_squeue_json(site.run(["squeue", "--json"])).jobs
+            mine = [j for j in jobs if j.account == "biology"]
+            running = sum(sum(j.gpus_per_node) for j in mine if j.state == "RUNNING")
+            assert running <= LIMIT, [(j.job_id, j.state, j.gpus_per_node) for j in mine]
+            assert not [j for j in mine if j.reason == "AssocGrpGRES"], mine
+        # The limit was what held them back: the jobs grew to it, and physics got the rest.
+        assert max(granted) == LIMIT, granted
+        last = log.decisions["phys-1"]["after"]
+        assert last != "-" and int(last.split("x")[-1]) * int(last.split(":")[1].split("x")[0]) >= 4
+        # status says where the shares come from and what sacct accounted to each job, over
+        # all its Slurm runs (joined by the comment).
+        status = subprocess.run(
+            [*site.argv()[:5], sys.executable, "-m", "sia_slurm.cli", "status", "--config",
+             str(config_path), "--json"],
+            env=site.env(), cwd=shared_tmp_path, capture_output=True, text=True, timeout=120,
+            check=True,
+        )  # fmt: skip
+        data = json.loads(status.stdout)
+        assert data["shares"].startswith("shares: Slurm's association shares")
+        accounted = {j["sia_id"]: j["accounted_gpu_hours"] for j in data["jobs"]}
+        assert set(accounted) == limited | {"phys-1"}
+        assert all(hours is not None and hours >= 0 for hours in accounted.values()), accounted
+    finally:
+        if site.slurm_ids:
+            site.run(["scancel", *site.slurm_ids], check=False)

@@ -1,0 +1,124 @@
+"""Slurm accounting in the dev cluster against the real daemons (issue 20): MariaDB and slurmdbd
+start under the cluster's directory, the spec's associations and limits reach Slurm, Slurm
+enforces GrpTRES=gres/gpu, sacct keeps each run's comment, and `down` stops it all.
+
+Accounting runs on the host's Slurm only (Debian's slurmdbd and mariadb-server; the Debian roots
+of 24.11/26.05 carry no slurmdbd yet), so this module runs when SIA_TEST_SLURM is ``system``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sia_slurm.devcluster import DevCluster, DevClusterSpec
+from sia_slurm.devcluster.accounting import AccountingSpec
+from sia_slurm.devcluster.process import is_alive
+from tests.accounts import SharedTmp, TestAccounts
+from tests.release import TEST_PORT_BASE, TEST_SLURM
+
+pytestmark = pytest.mark.skipif(
+    TEST_SLURM != "system", reason="dev-cluster accounting runs on the host's Slurm only"
+)
+
+ACCOUNTING_PORT_OFFSET = 40  # the session cluster holds base..base+6; this one base+40..+44
+SPEC = """\
+accounts:
+  physics: {fairshare: 2}
+  biology: {fairshare: 1, gpus: 4}
+users:
+  root: {accounts: [physics, biology]}
+qos:
+  short: {gpus_per_user: 6}
+"""
+
+
+@pytest.fixture(scope="module")
+def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
+    cluster = DevCluster(
+        shared_tmp.mktemp("accounting-cluster"),
+        port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET,
+        slurm_user=test_accounts.service.name,
+        accounting=AccountingSpec.parse(SPEC, "SPEC"),
+    )
+    cluster.up(DevClusterSpec.parse("a100:1x4,t4:1x4"))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def sbatch(cluster: DevCluster, *args: str) -> str:
+    out = cluster.runner().run(["sbatch", "--parsable", "-o", "/dev/null", *args]).stdout
+    return out.strip().split(";")[0]
+
+
+def test_associations_and_limits_reach_slurm(accounting_cluster: DevCluster) -> None:
+    runner = accounting_cluster.runner()
+    assoc = runner.run(
+        ["sacctmgr", "-n", "-P", "show", "assoc", "format=Account,User,Share,GrpTRES"]
+    ).stdout.splitlines()
+    assert "biology||1|gres/gpu=4" in assoc
+    assert "physics||2|" in assoc
+    assert "biology|root|1|" in assoc and "physics|root|1|" in assoc
+    assert f"physics|{accounting_cluster.layout.controller_user}|1|" in assoc  # SlurmUser
+    qos = runner.run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxTRESPU"]).stdout
+    assert "short|gres/gpu=6" in qos.splitlines()
+
+
+def test_slurm_enforces_grptres_and_sacct_keeps_comments(accounting_cluster: DevCluster) -> None:
+    runner = accounting_cluster.runner()
+    first = sbatch(
+        accounting_cluster, "-A", "biology", "-p", "a100", "--gpus-per-node=4",
+        "--comment=sia-slurm:acct-1", "--wrap", "sleep 20",
+    )  # fmt: skip
+    second = sbatch(
+        accounting_cluster, "-A", "biology", "-p", "t4", "--gpus-per-node=1",
+        "--comment=sia-slurm:acct-2", "--wrap", "sleep 1",
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    states: dict[str, tuple[str, str]] = {}
+    while time.monotonic() < deadline:
+        out = runner.run(["squeue", "-h", "-o", "%i %T %r", "-j", f"{first},{second}"]).stdout
+        states = {line.split()[0]: tuple(line.split()[1:3]) for line in out.splitlines()}
+        if states.get(first, ("",))[0] == "RUNNING" and second in states:
+            break
+        time.sleep(0.5)
+    # 4 GPUs of biology's 4 are held: the 5th waits on the association's limit.
+    assert states[first][0] == "RUNNING", states
+    assert states[second] == ("PENDING", "AssocGrpGRES"), states
+    runner.run(["scancel", first, second])
+    deadline = time.monotonic() + 30
+    rows: list[str] = []
+    while time.monotonic() < deadline:
+        rows = runner.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,Account,Comment,State", "-j", first]
+        ).stdout.splitlines()
+        if any("CANCELLED" in row for row in rows):
+            break
+        time.sleep(0.5)
+    assert rows and rows[0].startswith(f"{first}|biology|sia-slurm:acct-1|"), rows
+
+
+def test_down_stops_mariadb_and_slurmdbd(
+    shared_tmp: SharedTmp, test_accounts: TestAccounts
+) -> None:
+    cluster = DevCluster(
+        shared_tmp.mktemp("accounting-down"),
+        port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET + 10,
+        slurm_user=test_accounts.service.name,
+        accounting=AccountingSpec.parse(SPEC, "SPEC"),
+    )
+    cluster.up(DevClusterSpec.parse("t4:1x2"))
+    try:
+        recorded = cluster._recorded()
+        assert recorded is not None
+        roles = {r.role: r for r in recorded.daemons}
+        assert {"mariadbd", "slurmdbd"} <= set(roles)
+        assert Path(cluster.layout.root / "db" / "mysql").is_dir()  # data under the cluster
+    finally:
+        cluster.down()
+    assert not any(is_alive(r) for r in roles.values())
