@@ -39,11 +39,15 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 echo "test.sh: Slurm roots ready after $(($(date +%s) - started)) s" >&2
 
 if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/slurm tests/launcher tests/e2e); fi
+# The dev cluster's accounting (slurmdbd on MariaDB) runs on the host's Slurm only: the Debian
+# roots of 24.11 and 26.05 carry no slurmdbd yet (issue 20), so their sessions leave it out.
+host_only=(--ignore=tests/slurm/test_accounting_live.py
+    --ignore=tests/e2e/test_accounting_controller_live.py)
 logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
 declare -A session=()
 for release in "${releases[@]}"; do
     SIA_TEST_SLURM=$release SIA_TEST_PORT_BASE=${port_base[$release]} \
-        python3 -m pytest -q -p no:cacheprovider "${targets[@]}" \
+        python3 -m pytest -q -p no:cacheprovider "${host_only[@]}" "${targets[@]}" \
         >"$logs/$release.log" 2>&1 &
     session[$release]=$!
 done

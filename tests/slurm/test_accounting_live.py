@@ -20,9 +20,11 @@ from sia_slurm.devcluster.process import is_alive
 from tests.accounts import SharedTmp, TestAccounts
 from tests.release import TEST_PORT_BASE, TEST_SLURM
 
-pytestmark = pytest.mark.skipif(
-    TEST_SLURM != "system", reason="dev-cluster accounting runs on the host's Slurm only"
-)
+if TEST_SLURM != "system":  # never skipped: scripts/test.sh runs these on the host only
+    raise RuntimeError(
+        "dev-cluster accounting (slurmdbd, MariaDB) runs on the host's Slurm only, not from a "
+        f"Debian root (SIA_TEST_SLURM={TEST_SLURM}); scripts/test.sh leaves this file out there"
+    )
 
 ACCOUNTING_PORT_OFFSET = 40  # the session cluster holds base..base+6; this one base+40..+44
 SPEC = """\
