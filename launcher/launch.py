@@ -35,13 +35,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 import click
 
+from launcher.grant import (
+    EXIT_MISMATCH,
+    EXIT_USAGE,
+    LaunchError,
+    SlurmAllocation,
+    await_grant,
+)
 from launcher.jobenv import (
     DEFAULT_LINGER_S,
     DEFAULT_METRICS_INTERVAL_S,
@@ -88,9 +95,6 @@ from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 logger = logging.getLogger("sia-launch")
 
-EXIT_USAGE = 2  # bad configuration or protocol file
-EXIT_MISMATCH = 3  # Slurm's allocation is not the assignment
-
 # Set by sbatch at submission from the job's original request; wrong after the controller
 # resized the pending job, and srun reads them as options (docs/slurm-actuation.md).
 STALE_SLURM_VARIABLES = (
@@ -106,109 +110,6 @@ STALE_SLURM_VARIABLES = (
     "SLURM_TRES_PER_TASK",
 )
 _PYTHON = re.compile(r"^python[0-9.]*$")
-
-
-class LaunchError(RuntimeError):
-    """The job cannot be launched; ``status`` is the exit status to use."""
-
-    def __init__(self, message: str, status: int = EXIT_USAGE):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class SlurmAllocation:
-    """What Slurm gave this run, from the batch step's environment at launch time."""
-
-    job_id: str
-    partition: str
-    nodes: int
-    gpus_per_node: int
-    node_list: str
-    restart_count: int
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> SlurmAllocation:
-        def need(name: str) -> str:
-            value = environ.get(name, "")
-            if not value:
-                raise LaunchError(f"{name}: not set; sia-launch runs as a Slurm batch script")
-            return value
-
-        def count(name: str, default: str | None = None) -> int:
-            raw = environ.get(name, default) if default is not None else need(name)
-            try:
-                value = int(raw or "")
-            except ValueError:
-                raise LaunchError(f"{name}: expected an integer, got {raw!r}") from None
-            if value < 0:
-                raise LaunchError(f"{name}: expected an integer >= 0, got {raw!r}")
-            return value
-
-        return cls(
-            job_id=need("SLURM_JOB_ID"),
-            partition=need("SLURM_JOB_PARTITION"),
-            nodes=count("SLURM_JOB_NUM_NODES"),
-            gpus_per_node=count("SLURM_GPUS_ON_NODE", "0"),
-            node_list=need("SLURM_JOB_NODELIST"),
-            restart_count=count("SLURM_RESTART_COUNT", "0"),
-        )
-
-
-def check_allocation(
-    assignment: Assignment,
-    allocation: SlurmAllocation,
-    config: SiaConfig,
-    hostnames: Sequence[str] | None = None,
-) -> None:
-    """Raise :class:`LaunchError` (exit 3) listing every way the allocation differs."""
-    where = "assignment.json"
-    problems = []
-    partition = next((p for p in config.partitions if p.name == allocation.partition), None)
-    if partition is None:
-        known = ", ".join(p.name for p in config.partitions)
-        problems.append(
-            f"SLURM_JOB_PARTITION={allocation.partition} is not a partition of the config ({known})"
-        )
-    else:
-        if partition.gpu_type != assignment.gpu_type:
-            problems.append(
-                f"{where}: gpu_type: {assignment.gpu_type}, but partition "
-                f"{allocation.partition} holds {partition.gpu_type}"
-            )
-        if assignment.partition != allocation.partition:
-            problems.append(
-                f"{where}: partition: {assignment.partition}, but SLURM_JOB_PARTITION="
-                f"{allocation.partition}"
-            )
-    if assignment.nodes != allocation.nodes:
-        problems.append(
-            f"{where}: nodes: {assignment.nodes}, but SLURM_JOB_NUM_NODES={allocation.nodes}"
-        )
-    if assignment.gpus_per_node != allocation.gpus_per_node:
-        problems.append(
-            f"{where}: gpus per node: {assignment.gpus_per_node} (gpus={assignment.gpus}), but "
-            f"SLURM_GPUS_ON_NODE={allocation.gpus_per_node}"
-        )
-    run = (assignment.slurm_job_id, assignment.slurm_restart_count)
-    if run != (allocation.job_id, allocation.restart_count):
-        problems.append(
-            f"{where}: written for Slurm job {assignment.slurm_job_id or '-'} run "
-            f"{assignment.slurm_restart_count}, but this is SLURM_JOB_ID={allocation.job_id} "
-            f"SLURM_RESTART_COUNT={allocation.restart_count}: not granted by the controller"
-        )
-    listed = assignment.node_list and hostnames is not None
-    if listed and sorted(assignment.node_list) != sorted(hostnames or ()):
-        problems.append(
-            f"{where}: node_list: {','.join(assignment.node_list)}, but "
-            f"SLURM_JOB_NODELIST={allocation.node_list}"
-        )
-    if problems:
-        raise LaunchError(
-            f"job {assignment.sia_id}: Slurm's allocation is not the controller's assignment "
-            f"(round {assignment.round_index}):\n  " + "\n  ".join(problems),
-            EXIT_MISMATCH,
-        )
 
 
 def split_command(command: Sequence[str], default_python: str) -> tuple[str, list[str]]:
@@ -489,50 +390,6 @@ def _supervise(
     logger.info("[job=%s] srun exited with status %d; %s: %s (evidence %s)", sia_id, status,
                 verdict[1].value, verdict[2], dumps(evidence))  # fmt: skip
     return verdict
-
-
-def await_grant(
-    paths: StatePaths,
-    sia_id: str,
-    allocation: SlurmAllocation,
-    config: SiaConfig,
-    hostnames: Sequence[str],
-    wait_s: float,
-    *,
-    poll_s: float = 2.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Assignment:
-    """The controller's assignment for this very run; until there is one, train nothing.
-
-    A run without a matching assignment was not granted by the controller, which requeues it
-    at its next round (Slurm's SIGTERM ends this process then). The assignment is re-read
-    meanwhile: one written late (or seen late over NFS) lets the run go on. After
-    ``wait_s`` without either, :class:`LaunchError` (exit 3).
-    """
-    deadline = clock() + wait_s
-    said = ""
-    while True:
-        try:
-            assignment = read_document(Assignment, paths.assignment(sia_id))
-            if assignment.sia_id != sia_id:
-                raise LaunchError(f"{paths.assignment(sia_id)}: sia_id is {assignment.sia_id!r}")
-            check_allocation(assignment, allocation, config, hostnames)
-            return assignment
-        except (ProtocolError, LaunchError) as exc:
-            problem = str(exc)
-        if clock() >= deadline:
-            raise LaunchError(problem, EXIT_MISMATCH)
-        if problem != said:
-            said = problem
-            logger.warning(
-                "[job=%s] not training: %s; waiting for the controller to requeue this run "
-                "(at most %.0f s)",
-                sia_id,
-                problem,
-                wait_s,
-            )
-        sleep(poll_s)
 
 
 def _seconds(environ: Mapping[str, str], field_name: str, default: float) -> float:

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 import launcher.launch
-from launcher.launch import (
+from launcher.grant import (
     EXIT_MISMATCH,
-    STALE_SLURM_VARIABLES,
     LaunchError,
     SlurmAllocation,
     await_grant,
     check_allocation,
+)
+from launcher.launch import (
+    STALE_SLURM_VARIABLES,
     job_environment,
     launch,
     split_command,
