@@ -192,6 +192,10 @@ class Allocation:
     # Node shares a policy that decides at node level (Pollux) would like; placement tries them
     # first and falls back to its own rules when they do not fit.
     node_hints: Mapping[str, tuple[NodeShare, ...]] = field(default_factory=dict)
+    # True when the hints are the policy's own worker assignment (Gavel): a running job whose
+    # hint names other nodes moves there instead of keeping its nodes. Pollux's hints are
+    # wishes (False): a job whose configuration did not change keeps its nodes.
+    hints_move_jobs: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))

@@ -1,161 +1,173 @@
-"""Gavel: heterogeneity-aware but not elastic (reference section 5).
+"""Gavel: heterogeneity-aware but not elastic (reference section 5), as the Sia artifact runs it.
 
 Jobs run at their requested GPU count and batch size. A linear program over ``X[job, type]``
-(fraction of time each job should spend on each type) expresses the objective, and a round-based
-mechanism realises it: every ``round_duration`` seconds jobs are ranked by
-``priority = X[job, type] / fraction of its time received on that type`` and started greedily,
-one type per job, keeping a job on its previous type when priorities tie; a job starts only if
-its shape fits on the type's nodes (:class:`~sia_slurm.policy.ledger.NodeLedger`). Between
-rounds the previous allocation stands. The time each job received per type is the policy's
-explicit state.
+(the fraction of time each job should spend on each type; :mod:`.gavel_lp`) expresses the
+objective, and a round-based mechanism realises it. Every ``round_duration`` seconds:
 
-Objectives (throughputs are normalised per job by its throughput under an equal time share of
-every type it can use, so the job's units and its GPU count cancel):
+1. **Priority.** Each (job, type) pair gets ``X / fraction``, where ``fraction`` is the job's
+   credited time on the type over the time credited to every job on that type so far (the
+   artifact's rule). A new job is credited half a round on every type, so it starts with a high
+   but finite priority; a pair with ``X = 0`` has priority 0.
+2. **Work-conserving ranking.** Every pair the job can run on is ranked, highest priority first
+   (then larger ``X``, then the cluster's type order and the jobs' order): pairs with ``X = 0``
+   come last but still get the GPUs the others leave, so no GPU sits idle while a job that fits
+   it waits. A job is scheduled on its first pair whose type still has as many free GPUs as it
+   asks for, and each scheduled job is credited a round on that type.
+3. **Workers.** The scheduled jobs get GPUs of their type by count, over any of its nodes
+   (:mod:`.workers`): previous GPUs kept when all still free, the rest node by node. The node
+   shares travel to placement as binding node hints, the configuration is (type, nodes used,
+   GPUs).
 
-- ``max_min_fairness``: maximise ``min_m sum_j T_mj X_mj / T_m(X_equal)``;
-- ``max_total_throughput``: maximise ``sum_m sum_j T_mj X_mj / T_m(X_equal)``;
+Between decisions the previous allocation stands (a job that arrives waits for the next one).
+What the mechanism remembers (credited time per job and type, and per type over every job
+ever seen) travels in :class:`GavelState`.
 
-subject to ``X >= 0``, ``sum_j X_mj <= 1`` and ``sum_m gpus_m X_mj <= GPUs_j``.
+Where it departs from the artifact: throughputs are the goodput model's predictions (the
+artifact's Gavel reads its simulator's ground truth, slowed by the app's calibration factor),
+and the LP is solved by HiGHS's simplex, which picks a vertex among equal optima where the
+artifact's ECOS returns an interior (fractional) point (docs/deviations.md).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
-from scipy import sparse
-from scipy.optimize import linprog
 
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import (
     Allocation,
+    GpuTypeView,
     JobAllocation,
+    NodeShare,
     PolicyInput,
     SolveInfo,
     allocation_from_row,
 )
-from sia_slurm.policy.configs import shape_for
-from sia_slurm.policy.ledger import NodeLedger
+from sia_slurm.policy.configs import nodes_needed
+from sia_slurm.policy.gavel_lp import solve_lp
 from sia_slurm.policy.settings import GavelPolicyConfig
+from sia_slurm.policy.workers import WorkerRequest, assign_workers
 
 logger = logging.getLogger(__name__)
+
+NEW_JOB_PRIORITY = 1e9
+"""Priority multiplier for a pair whose type has no credited time yet (the artifact's)."""
+
+__all__ = ["GavelPolicy", "GavelPolicyConfig", "GavelState", "requested_shapes", "solve_lp"]
 
 
 @dataclass(frozen=True)
 class GavelState:
-    """Seconds each job has run on each GPU type, and when the last round started."""
+    """Seconds credited per live job and type, per type over every job ever seen (finished
+    ones included), and when the last decision was made."""
 
     received: Mapping[str, Mapping[str, float]]
     round_start: float
+    type_time: Mapping[str, float] = field(default_factory=dict)
 
 
-def updated_received(policy_input: PolicyInput) -> dict[str, dict[str, float]]:
-    """Time received per job and type, including the round that just ended."""
-    previous = policy_input.previous
-    state = previous.state if previous is not None else None
-    received: dict[str, dict[str, float]] = {}
-    if isinstance(state, GavelState):
-        received = {job: dict(types) for job, types in state.received.items()}
-    if previous is not None:
-        elapsed = max(policy_input.now - previous.time, 0.0)
-        for job_id, share in previous.jobs.items():
-            per_type = received.setdefault(job_id, {})
-            gpu_type = share.config.gpu_type
-            per_type[gpu_type] = per_type.get(gpu_type, 0.0) + elapsed
-    live = {job.job_id for job in policy_input.jobs}
-    return {job: types for job, types in received.items() if job in live}
+def packed_shape(view: GpuTypeView, gpus: int) -> Configuration | None:
+    """Whole nodes first (the shape Gavel prices a job at), or ``None`` when the type has fewer
+    usable GPUs than asked: Gavel places by GPU count, so free GPUs anywhere on the type do."""
+    if gpus > view.capacity:
+        return None
+    return Configuration(view.gpu_type, nodes_needed(gpus, view.gpus_per_node), gpus)
 
 
 def requested_shapes(
     policy_input: PolicyInput,
-) -> tuple[list[list[Configuration | None]], np.ndarray, list]:
-    """Per job its requested shape on each type, throughput matrix T[job, type], and rows."""
+) -> tuple[list[list[Configuration | None]], np.ndarray]:
+    """Per job its packed shape on each type (``None`` where it cannot run) and the throughput
+    matrix ``T[job, type]`` in optimizer steps per second at the requested batch."""
     cluster = policy_input.cluster
-    shapes, rows = [], []
+    shapes = []
     throughput = np.zeros((len(policy_input.jobs), len(cluster.gpu_types)))
     for m, job in enumerate(policy_input.jobs):
-        per_type = [shape_for(cluster.types[t], job.requested_gpus) for t in cluster.gpu_types]
+        per_type = [packed_shape(cluster.types[t], job.requested_gpus) for t in cluster.gpu_types]
         if job.requested_gpu_type is not None:
             per_type = [s if s and s.gpu_type == job.requested_gpu_type else None for s in per_type]
         valid = [s for s in per_type if s is not None]
-        row = job.estimator.evaluate(valid, fixed_batch=True) if valid else None
-        k = 0
-        for j, shape in enumerate(per_type):
-            if shape is not None:
-                throughput[m, j] = max(float(row.throughput[k]), 0.0)  # type: ignore[union-attr]
-                k += 1
+        if valid:
+            row = job.estimator.evaluate(valid, fixed_batch=True)
+            steps = row.throughput / np.maximum(row.batch_size, 1)
+            k = 0
+            for j, shape in enumerate(per_type):
+                if shape is not None:
+                    throughput[m, j] = max(float(steps[k]), 0.0)
+                    k += 1
         shapes.append(per_type)
-        rows.append(row)
-    return shapes, throughput, rows
+    return shapes, throughput
 
 
-def solve_lp(
-    throughput: np.ndarray, gpus: np.ndarray, capacity: np.ndarray, objective: str
-) -> np.ndarray:
-    """The optimal X[job, type] (zeros where the LP fails, logged)."""
-    n_jobs, n_types = throughput.shape
-    feasible = throughput > 0
-    runnable = feasible.any(axis=1)
-    share = min(1.0, capacity.sum() / max(gpus[runnable].sum(), 1.0))
-    equal = np.where(feasible, share / np.maximum(feasible.sum(axis=1, keepdims=True), 1), 0.0)
-    reference = (throughput * equal).sum(axis=1)
-    normalised = np.where(
-        runnable[:, None], throughput / np.maximum(reference, 1e-12)[:, None], 0.0
-    )
-    n_x = n_jobs * n_types
-    owner = np.repeat(np.arange(n_jobs), n_types)
-    column = np.arange(n_x)
-    job_rows = sparse.csr_array((np.ones(n_x), (owner, column)), shape=(n_jobs, n_x))
-    type_rows = sparse.csr_array(
-        (np.repeat(gpus, n_types), (np.tile(np.arange(n_types), n_jobs), column)),
-        shape=(n_types, n_x),
-    )
-    bounds = [(0.0, 1.0 if f else 0.0) for f in feasible.ravel()]
-    if objective == "max_total_throughput":
-        a_ub = sparse.vstack([job_rows, type_rows])
-        b_ub = np.r_[np.ones(n_jobs), capacity]
-        cost = -normalised.ravel()
-    else:  # max-min: variables X then t; t <= normalised throughput of every runnable job
-        fair_rows = sparse.csr_array((-normalised.ravel(), (owner, column)), shape=(n_jobs, n_x))
-        a_ub = sparse.vstack(
-            [
-                sparse.hstack([fair_rows, runnable.astype(float)[:, None]]),
-                sparse.hstack([job_rows, sparse.csr_array((n_jobs, 1))]),
-                sparse.hstack([type_rows, sparse.csr_array((n_types, 1))]),
-            ]
-        )
-        b_ub = np.r_[np.zeros(n_jobs), np.ones(n_jobs), capacity]
-        cost = np.r_[np.zeros(n_x), -1.0]
-        bounds.append((0.0, None))
-    result = linprog(cost, A_ub=sparse.csr_array(a_ub), b_ub=b_ub, bounds=bounds, method="highs")
-    if result.x is None:
-        logger.warning("Gavel LP failed (%s); no job gets a target share", result.message)
-        return np.zeros((n_jobs, n_types))
-    return result.x[:n_x].reshape(n_jobs, n_types)
+def credited(
+    policy_input: PolicyInput, round_duration: float
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Credited seconds per live job and type, and per type, with new jobs credited half a
+    round on every type (the artifact's start)."""
+    previous = policy_input.previous
+    state = previous.state if previous is not None else None
+    received: dict[str, dict[str, float]] = {}
+    type_time = {t: 0.0 for t in policy_input.cluster.gpu_types}
+    if isinstance(state, GavelState):
+        received = {job: dict(types) for job, types in state.received.items()}
+        type_time.update(state.type_time)
+    for job in policy_input.jobs:
+        if job.job_id not in received:
+            received[job.job_id] = {t: round_duration / 2 for t in type_time}
+            for t in type_time:
+                type_time[t] += round_duration / 2
+    live = {job.job_id for job in policy_input.jobs}
+    return {job: types for job, types in received.items() if job in live}, type_time
 
 
-def priority_order(
-    policy_input: PolicyInput, targets: np.ndarray, received: Mapping[str, Mapping[str, float]]
+def ranked_pairs(
+    policy_input: PolicyInput,
+    shapes: list[list[Configuration | None]],
+    targets: np.ndarray,
+    received: Mapping[str, Mapping[str, float]],
+    type_time: Mapping[str, float],
 ) -> list[tuple[int, int]]:
-    """(job, type) pairs by Gavel's priority ``X / fraction of time received``, highest first;
-    ties prefer the job's previous type, then larger X."""
-    cluster = policy_input.cluster
-    pairs = []
-    for m, job in enumerate(policy_input.jobs):
-        got = received.get(job.job_id, {})
-        for j, gpu_type in enumerate(cluster.gpu_types):
-            if targets[m, j] <= 1e-9:
+    """Every (job, type) pair the job can run on, by the artifact's priority, highest first;
+    ties by larger ``X``, then type order, then job order."""
+    keys = []
+    for j, gpu_type in enumerate(policy_input.cluster.gpu_types):
+        for m, job in enumerate(policy_input.jobs):
+            if shapes[m][j] is None:
                 continue
-            fraction = got.get(gpu_type, 0.0) / max(job.age, 1e-9)
-            priority = math.inf if fraction <= 0 else targets[m, j] / fraction
-            was_here = job.current is not None and job.current.gpu_type == gpu_type
-            pairs.append(((-priority, not was_here, -targets[m, j], job.job_id), m, j))
-    return [(m, j) for _, m, j in sorted(pairs)]
+            x = float(targets[m, j])
+            total = type_time.get(gpu_type, 0.0)
+            fraction = received[job.job_id].get(gpu_type, 0.0) / total if total > 0 else 0.0
+            if x <= 0.0:
+                priority = 0.0
+            elif fraction <= 0.0:
+                priority = x * NEW_JOB_PRIORITY
+            else:
+                priority = x / fraction
+            keys.append(((-priority, -x, j, m), m, j))
+    return [(m, j) for _, m, j in sorted(keys)]
+
+
+def schedule(policy_input: PolicyInput, pairs: list[tuple[int, int]]) -> list[WorkerRequest]:
+    """Walk the ranked pairs: a job goes on its first type with as many free GPUs as it asks."""
+    cluster = policy_input.cluster
+    free = {t: cluster.types[t].capacity for t in cluster.gpu_types}
+    requests: list[WorkerRequest] = []
+    scheduled: set[str] = set()
+    for m, j in pairs:
+        job, gpu_type = policy_input.jobs[m], cluster.gpu_types[j]
+        if job.job_id in scheduled or job.requested_gpus > free[gpu_type]:
+            continue
+        free[gpu_type] -= job.requested_gpus
+        scheduled.add(job.job_id)
+        same_type = job.current is not None and job.current.gpu_type == gpu_type
+        previous = job.placement if same_type else ()
+        requests.append(WorkerRequest(job.job_id, gpu_type, job.requested_gpus, previous))
+    return requests
 
 
 @dataclass(frozen=True)
@@ -164,61 +176,70 @@ class GavelPolicy:
 
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()
-        received = updated_received(policy_input)
+        received, type_time = credited(policy_input, self.config.round_duration)
         previous = policy_input.previous
         state = previous.state if previous is not None else None
         if isinstance(state, GavelState) and (
             policy_input.now - state.round_start < self.config.round_duration
         ):
-            return self.keep(policy_input, received, state.round_start, started)
+            return self.keep(policy_input, GavelState(received, state.round_start, type_time))
         cluster = policy_input.cluster
-        shapes, throughput, rows = requested_shapes(policy_input)
+        shapes, throughput = requested_shapes(policy_input)
         gpus = np.array([job.requested_gpus for job in policy_input.jobs], dtype=float)
         capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
-        targets = (
-            solve_lp(throughput, gpus, capacity, self.config.objective)
-            if policy_input.jobs
-            else np.zeros((0, len(capacity)))
+        targets = solve_lp(throughput, gpus, capacity, self.config.objective)
+        requests = schedule(
+            policy_input, ranked_pairs(policy_input, shapes, targets, received, type_time)
         )
-        ledger = NodeLedger(cluster)
+        for request in requests:
+            received[request.job_id][request.gpu_type] += self.config.round_duration
+            type_time[request.gpu_type] += self.config.round_duration
+        hints = assign_workers(cluster, requests)
+        views = {job.job_id: job for job in policy_input.jobs}
         jobs: dict[str, JobAllocation] = {}
-        for m, j in priority_order(policy_input, targets, received):
-            job = policy_input.jobs[m]
-            shape = shapes[m][j]
-            if job.job_id in jobs or shape is None or ledger.take(shape, job.placement) is None:
-                continue
-            index = sum(s is not None for s in shapes[m][:j])
-            jobs[job.job_id] = allocation_from_row(shape, rows[m], index)
-        return self.allocation(policy_input, jobs, received, policy_input.now, started)
+        for request in requests:
+            shares = hints[request.job_id]
+            config = Configuration(request.gpu_type, len(shares), request.gpus)
+            row = views[request.job_id].estimator.evaluate([config], fixed_batch=True)
+            jobs[request.job_id] = allocation_from_row(config, row, 0)
+        return self.allocation(
+            policy_input,
+            jobs,
+            GavelState(received, policy_input.now, type_time),
+            started,
+            hints=hints,
+        )
 
-    def keep(
-        self,
-        policy_input: PolicyInput,
-        received: dict[str, dict[str, float]],
-        round_start: float,
-        started: float,
-    ) -> Allocation:
-        """Mid-round: the previous allocation stands for the jobs still present."""
+    def keep(self, policy_input: PolicyInput, state: GavelState) -> Allocation:
+        """Mid-round: the previous allocation (and its nodes) stands for the jobs still present."""
+        started = time.perf_counter()
         live = {job.job_id for job in policy_input.jobs}
         previous = policy_input.previous
         assert previous is not None
         jobs = {job_id: share for job_id, share in previous.jobs.items() if job_id in live}
-        return self.allocation(policy_input, jobs, received, round_start, started, "kept")
+        hints = {job_id: h for job_id, h in previous.node_hints.items() if job_id in live}
+        return self.allocation(policy_input, jobs, state, started, "kept", hints)
 
     def allocation(
         self,
         policy_input: PolicyInput,
         jobs: dict[str, JobAllocation],
-        received: dict[str, dict[str, float]],
-        round_start: float,
+        state: GavelState,
         started: float,
         status: str = "optimal",
+        hints: Mapping[str, tuple[NodeShare, ...]] | None = None,
     ) -> Allocation:
-        frozen = {job: MappingProxyType(types) for job, types in received.items()}
+        frozen = GavelState(
+            MappingProxyType({job: MappingProxyType(t) for job, t in state.received.items()}),
+            state.round_start,
+            MappingProxyType(dict(state.type_time)),
+        )
         return Allocation(
             jobs=jobs,
             time=policy_input.now,
             round_index=policy_input.round_index,
-            state=GavelState(MappingProxyType(frozen), round_start),
+            state=frozen,
             info=SolveInfo(status, time.perf_counter() - started),
+            node_hints=hints or {},
+            hints_move_jobs=True,
         )

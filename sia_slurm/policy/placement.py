@@ -4,8 +4,10 @@ Rules (reference section 4, "Placement after allocation"):
 
 - a partial-node configuration stays inside one node; a multi-node one spreads its GPUs as evenly
   as possible over distinct nodes (whole nodes for Sia's configuration set);
-- a job whose configuration did not change keeps its nodes (no restart);
-- a policy's own node choice (``Allocation.node_hints``, from Pollux) is used when it fits;
+- a job whose configuration did not change keeps its nodes (no restart), unless the policy's
+  hints move jobs (``Allocation.hints_move_jobs``, Gavel's worker assignment) and name others;
+- a policy's own node choice (``Allocation.node_hints``, from Pollux and Gavel) is used when it
+  fits: any split over the configuration's nodes, not only the even one;
 - the other jobs are packed fullest-node-first (best fit), larger shapes first;
 - when fragmentation leaves no room, the fewest movable jobs (lowest goodput first) are evicted
   from the best candidate nodes and placed again, as one transaction: if the job or any victim
@@ -111,6 +113,16 @@ def keeps_nodes(job: JobView | None, config: Configuration, cluster_types: dict[
         and sum(share.gpus for share in job.placement) == config.gpus
         and all(cluster_types.get(node) == config.gpu_type for node in nodes)
     )
+
+
+def moved_by_hint(allocation: Allocation, job: JobView | None) -> bool:
+    """Whether the policy's binding hint puts a running job on other nodes than it holds."""
+    if not allocation.hints_move_jobs or job is None or not job.placement:
+        return False
+    hint = allocation.node_hints.get(job.job_id)
+    if hint is None:
+        return False
+    return sorted((s.node, s.gpus) for s in hint) != sorted((s.node, s.gpus) for s in job.placement)
 
 
 def hinted(
@@ -254,7 +266,9 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
     pending = []
     for job_id, share in sorted(allocation.jobs.items()):
         job = views.get(job_id)
-        if keeps_nodes(job, share.config, state.node_type) and all(
+        if moved_by_hint(allocation, job):
+            pending.append(job_id)
+        elif keeps_nodes(job, share.config, state.node_type) and all(
             state.free[s.node] >= s.gpus
             for s in job.placement  # type: ignore[union-attr]
         ):

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-OBJECTIVES = ("max_min_fairness", "max_total_throughput")
-"""Gavel's objectives."""
+OBJECTIVES = ("max_sum_throughput", "max_min_fairness", "max_total_throughput")
+"""Gavel's objectives (:mod:`sia_slurm.policy.gavel_lp`): the Sia artifact's raw throughput sum
+(our default), Gavel's paper default, and the normalised sum."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,11 @@ class PolluxPolicyConfig:
 
 @dataclass(frozen=True)
 class GavelPolicyConfig:
-    objective: str = "max_min_fairness"
+    """``objective``: one of :data:`OBJECTIVES`; ``max_sum_throughput`` is how the Sia artifact
+    runs Gavel for Sia's evaluation, ``max_min_fairness`` Gavel's own paper default.
+    ``round_duration``: seconds between Gavel's decisions (the artifact's 360)."""
+
+    objective: str = "max_sum_throughput"
     round_duration: float = 360.0
 
     def __post_init__(self) -> None:

@@ -45,7 +45,7 @@ from sia_slurm.state.store import Store
 
 logger = logging.getLogger(__name__)
 
-MEMORY_FORMAT = 1
+MEMORY_FORMAT = 2  # 2: GavelState credits time per type (type_time); Allocation.hints_move_jobs
 DEFAULT_REPORTS_PER_SHAPE = 16
 
 _SAFE_BUILTINS = frozenset(

@@ -10,13 +10,6 @@ import pytest
 from sia_slurm.core import Configuration, JobKind
 from sia_slurm.policy.base import JobView, NodeShare, PolicyInput
 from sia_slurm.policy.fifo import FifoPolicy, FifoPolicyConfig
-from sia_slurm.policy.gavel import (
-    GavelPolicy,
-    GavelPolicyConfig,
-    GavelState,
-    requested_shapes,
-    solve_lp,
-)
 from sia_slurm.policy.placement import place
 from sia_slurm.policy.pollux import PolluxPolicy, PolluxPolicyConfig, build_problem, warm_start
 from sia_slurm.policy.registry import POLICIES, make_policy
@@ -59,9 +52,10 @@ def test_fifo_blocks_behind_a_job_that_does_not_fit_unless_backfilling():
     assert set(backfill.jobs) == {"run", "small"}
 
 
-def test_fifo_and_gavel_grant_only_shapes_that_fit_on_nodes():
+def test_fifo_grants_only_shapes_that_fit_on_nodes():
     """Three 4-GPU nodes with one GPU busy on each: 9 GPUs are free, but no two whole nodes, so
-    an 8-GPU (2 x 4) job must wait instead of being granted GPUs placement cannot give."""
+    an 8-GPU (2 x 4) job must wait instead of being granted GPUs placement cannot give.
+    (Gavel grants by GPU count and spreads the job: tests/policy/test_gavel.py.)"""
     cluster = make_cluster([("A", 3, 4)])
     one = Configuration("A", 1, 1)
     small = tuple(
@@ -71,81 +65,7 @@ def test_fifo_and_gavel_grant_only_shapes_that_fit_on_nodes():
     jobs = (*small, rigid("big", 8, {"A": 1}, submit_time=1))
     fifo = FifoPolicy().solve(PolicyInput(cluster, jobs))
     assert set(fifo.jobs) == {"s0", "s1", "s2"}
-    gavel = GavelPolicy().solve(PolicyInput(cluster, jobs, now=0.0))
-    # No job has received time yet, so every priority is infinite and the reference's tie rule
-    # (keep previous workers when possible) puts the three running jobs first; after them no
-    # two whole nodes are free, so the big job waits rather than evicting them.
-    assert {job_id: share.config for job_id, share in gavel.jobs.items()} == {
-        f"s{i}": one for i in range(3)
-    }
-    assert place(cluster, gavel, jobs).unplaced == ()
-
-
-# Gavel
-
-
-def test_gavel_gives_each_job_the_type_it_benefits_most_from():
-    cluster = make_cluster([("A", 1, 1), ("B", 1, 1)])
-    jobs = (
-        rigid("likes_a", 1, {"A": 10, "B": 1}, age=1),
-        rigid("likes_b", 1, {"A": 1, "B": 10}, age=1),
-    )
-    allocation = GavelPolicy().solve(PolicyInput(cluster, jobs))
-    assert allocation.jobs["likes_a"].config.gpu_type == "A"
-    assert allocation.jobs["likes_b"].config.gpu_type == "B"
-
-
-# Two jobs that never fit together on one 2-GPU node: "wide" asks for 2 GPUs, "narrow" for 1.
-# Per the reference's LP, with throughputs normalised by an equal time share (2 GPUs for 3 asked:
-# 2/3 of the time each, so each job's normalised throughput is 1.5 X whatever its speed):
-# - max-min fairness: max t, t <= 1.5 X_wide, t <= 1.5 X_narrow, 2 X_wide + X_narrow <= 2
-#   -> X_wide = X_narrow = 2/3;
-# - max total throughput: max 1.5 (X_wide + X_narrow), X_narrow <= 1, 2 X_wide + X_narrow <= 2
-#   -> X_narrow = 1, X_wide = 1/2 (the only optimum).
-# The round mechanism realises X: the jobs alternate in X's proportions, so over 12 rounds of
-# 360 s each runs 6 rounds under max-min, and narrow 8 to wide's 4 under max total throughput.
-TIME_SHARE_CASES = {
-    "max_min_fairness": ({"wide": 2 / 3, "narrow": 2 / 3}, {"wide": 6, "narrow": 6}),
-    "max_total_throughput": ({"wide": 1 / 2, "narrow": 1.0}, {"wide": 4, "narrow": 8}),
-}
-
-
-@pytest.mark.parametrize("objective", sorted(TIME_SHARE_CASES))
-def test_gavel_time_shares_one_node_by_priority_across_rounds(objective):
-    """The LP's targets are the hand-derived ones, the job that got less time than its target
-    runs next, a mid-round solve keeps the allocation, and over many rounds each job's time
-    matches its target's share."""
-    targets, rounds_run = TIME_SHARE_CASES[objective]
-    cluster = make_cluster([("A", 1, 2)])
-    jobs = (rigid("wide", 2, {"A": 1}), rigid("narrow", 1, {"A": 1}))
-    _, throughput, _ = requested_shapes(PolicyInput(cluster, jobs))
-    solved = solve_lp(throughput, np.array([2.0, 1.0]), np.array([2.0]), objective)
-    assert solved[:, 0] == pytest.approx([targets["wide"], targets["narrow"]], abs=1e-6)
-
-    policy = GavelPolicy(GavelPolicyConfig(objective=objective))
-    previous, ran = None, []
-    for index in range(12):
-        now = 360.0 * index
-        aged = tuple(dataclasses.replace(job, age=now) for job in jobs)
-        allocation = policy.solve(PolicyInput(cluster, aged, previous, now=now))
-        assert allocation.info.status == "optimal"
-        (winner,) = allocation.jobs  # never both: 3 GPUs asked of 2
-        ran.append(winner)
-        if index == 0:  # a solve inside the round keeps the allocation and counts no new time
-            mid = policy.solve(PolicyInput(cluster, aged, allocation, now=60.0))
-            assert set(mid.jobs) == {winner} and mid.info.status == "kept"
-        previous = allocation
-    assert ran[1] != ran[0]  # the job that has had no time has the infinite priority
-    assert {job: ran.count(job) for job in rounds_run} == rounds_run
-    state = previous.state
-    assert isinstance(state, GavelState)
-    # Time received up to the last round's start: every earlier round's winner, 360 s each.
-    assert dict(state.received[ran[0]]) == pytest.approx({"A": 360.0 * ran[:-1].count(ran[0])})
-
-
-def test_gavel_config_rejects_unknown_objective():
-    with pytest.raises(ValueError, match="max_min_fairness"):
-        GavelPolicyConfig(objective="fastest")
+    assert place(cluster, fifo, jobs).unplaced == ()
 
 
 # Pollux

@@ -1,0 +1,87 @@
+"""Gavel's linear programs: the time share ``X[job, type]`` each job should get on each type.
+
+``T[job, type]`` is a job's throughput at its requested size and batch in optimizer steps per
+second (0 where it cannot run). Every objective shares the constraints ``X >= 0``,
+``sum_type X <= 1`` per job and ``sum_job gpus_job X <= GPUs_type`` per type:
+
+- ``max_sum_throughput``: maximise ``sum T X``, the raw throughputs with no per-job
+  normalisation. This is the objective the Sia artifact runs Gavel with for Sia's evaluation
+  (its ``max_sum_throughput_perf``, whose throughput is ``1 / iteration time``), so it is our
+  ``gavel`` baseline's default;
+- ``max_min_fairness``: maximise ``min_job sum_type T X / T_ref``, Gavel's paper default, with
+  ``T_ref`` the job's throughput under an equal time share of every type it can run on, so each
+  job's units and GPU count cancel;
+- ``max_total_throughput``: maximise ``sum T X / T_ref``, the normalised sum.
+
+The artifact rounds the solver's ``X`` to 5 decimals; so does :func:`solve_lp`, so that the
+solver's round-off never gives a job a priority on a type it should not use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+logger = logging.getLogger(__name__)
+
+DECIMALS = 5
+
+
+def normalised(throughput: np.ndarray, gpus: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """``T / T_ref``: each job's throughput relative to an equal time share of its types."""
+    feasible = throughput > 0
+    runnable = feasible.any(axis=1)
+    share = min(1.0, capacity.sum() / max(gpus[runnable].sum(), 1.0))
+    equal = np.where(feasible, share / np.maximum(feasible.sum(axis=1, keepdims=True), 1), 0.0)
+    reference = (throughput * equal).sum(axis=1)
+    return np.where(runnable[:, None], throughput / np.maximum(reference, 1e-12)[:, None], 0.0)
+
+
+def solve_lp(
+    throughput: np.ndarray, gpus: np.ndarray, capacity: np.ndarray, objective: str
+) -> np.ndarray:
+    """The optimal ``X[job, type]`` for ``objective`` (zeros where the LP fails, logged)."""
+    n_jobs, n_types = throughput.shape
+    if n_jobs == 0:
+        return np.zeros((0, n_types))
+    feasible = throughput > 0
+    runnable = feasible.any(axis=1)
+    n_x = n_jobs * n_types
+    owner = np.repeat(np.arange(n_jobs), n_types)
+    column = np.arange(n_x)
+    job_rows = sparse.csr_array((np.ones(n_x), (owner, column)), shape=(n_jobs, n_x))
+    type_rows = sparse.csr_array(
+        (np.repeat(gpus, n_types), (np.tile(np.arange(n_types), n_jobs), column)),
+        shape=(n_types, n_x),
+    )
+    bounds = [(0.0, 1.0 if f else 0.0) for f in feasible.ravel()]
+    if objective == "max_sum_throughput":
+        a_ub = sparse.vstack([job_rows, type_rows])
+        b_ub = np.r_[np.ones(n_jobs), capacity]
+        cost = -throughput.ravel()
+    elif objective == "max_total_throughput":
+        a_ub = sparse.vstack([job_rows, type_rows])
+        b_ub = np.r_[np.ones(n_jobs), capacity]
+        cost = -normalised(throughput, gpus, capacity).ravel()
+    else:  # max-min: variables X then t; t <= normalised throughput of every runnable job
+        weights = normalised(throughput, gpus, capacity).ravel()
+        fair_rows = sparse.csr_array((-weights, (owner, column)), shape=(n_jobs, n_x))
+        a_ub = sparse.vstack(
+            [
+                sparse.hstack([fair_rows, runnable.astype(float)[:, None]]),
+                sparse.hstack([job_rows, sparse.csr_array((n_jobs, 1))]),
+                sparse.hstack([type_rows, sparse.csr_array((n_types, 1))]),
+            ]
+        )
+        b_ub = np.r_[np.zeros(n_jobs), np.ones(n_jobs), capacity]
+        cost = np.r_[np.zeros(n_x), -1.0]
+        bounds.append((0.0, None))
+    result = linprog(cost, A_ub=sparse.csr_array(a_ub), b_ub=b_ub, bounds=bounds, method="highs")
+    if result.x is None:
+        logger.warning("Gavel LP failed (%s); no job gets a target share", result.message)
+        return np.zeros((n_jobs, n_types))
+    x = result.x[:n_x].reshape(n_jobs, n_types)
+    return np.clip(np.round(x, DECIMALS), 0.0, 1.0)
