@@ -11,7 +11,11 @@ in parallel processes. On 2 cores the full run takes tens of minutes (Pollux's g
 dominates); ``--workloads N`` runs the first N workloads of each trace and says so.
 
 Usage: python benchmarks/paper_table3.py [--workloads N] [--policies sia,pollux,gavel,fifo]
-           [--traces philly,helios] [--processes N] [--out DIR]
+           [--traces philly,helios] [--processes N] [--out DIR [--resume]]
+
+With ``--out`` each finished workload is saved under ``DIR/done/`` at once; ``--resume`` reuses
+them, so a long run (Pollux) can be interrupted and continued, or run policy by policy into one
+folder and printed together.
 """
 
 from __future__ import annotations
@@ -21,12 +25,21 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from sia_slurm.sim.apps import default_workloads_dir
 from sia_slurm.sim.inputs import load_inputs, load_sim_workloads
-from sia_slurm.sim.metrics import PooledMetrics
-from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
+from sia_slurm.sim.metrics import (
+    JobOutcome,
+    PooledMetrics,
+    WorkloadMetrics,
+    pooled_metrics,
+    workload_metrics,
+)
+from sia_slurm.sim.parallel import WorkloadTask, run_tasks
 from sia_slurm.sim.run import SimulationConfig, SimulationResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,9 +85,15 @@ def main() -> int:
                 for w in workloads
             ]
             t0 = time.perf_counter()
-            results = run_tasks(tasks, args.processes)
-            ordered = [results[task.label] for task in tasks]
-            measured[(trace, policy)] = pool_results(ordered)
+            done = _load_done(args.out, policy, tasks) if args.resume else {}
+            todo = [task for task in tasks if task.label not in done]
+            results = run_tasks(todo, args.processes, on_done=_saver(args.out, policy))
+            ordered = [done.get(task.label) or _Done.of(results[task.label]) for task in tasks]
+            measured[(trace, policy)] = pooled_metrics(
+                [d.metrics() for d in ordered],
+                [d.jobs for d in ordered],
+                [d.solve_ms for d in ordered],
+            )
             elapsed = time.perf_counter() - t0
             print(
                 f"# {trace:6} {policy:6} {len(tasks)} workload(s) in {elapsed:.0f} s"
@@ -83,7 +102,9 @@ def main() -> int:
                 flush=True,
             )
             if args.out:
-                _write_json(args.out / f"summary-{policy}-{trace}.json", ordered)
+                payload = {d.workload: d.metrics().to_json() for d in ordered}
+                path = args.out / f"summary-{policy}-{trace}.json"
+                path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     print_table(measured, counts, args)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f} s")
     return 0
@@ -97,7 +118,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=None, help="default: number of cores")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write round logs here")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the workloads an earlier run with the same --out finished (needs --out)",
+    )
     args = parser.parse_args()
+    if args.resume and not args.out:
+        parser.error("--resume: needs --out DIR, where the earlier run saved its workloads")
     args.policies = [p for p in args.policies.split(",") if p]
     args.traces = [t for t in args.traces.split(",") if t]
     for trace in args.traces:
@@ -108,14 +136,78 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def _stopped_note(results: list[SimulationResult]) -> str:
+def _stopped_note(results: list[_Done]) -> str:
     stopped = [r.workload for r in results if r.stopped]
     return f" (STOPPED early: {', '.join(stopped)})" if stopped else ""
 
 
-def _write_json(path: Path, results: list[SimulationResult]) -> None:
-    payload = {r.workload: r.metrics().to_json() for r in results}
-    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+@dataclass(frozen=True)
+class _Done:
+    """What the table needs of one simulated workload; saved as JSON as each one finishes, so
+    an interrupted run (Pollux takes hours on a shared machine) resumes with ``--resume``."""
+
+    workload: str
+    jobs: tuple[JobOutcome, ...]
+    contention: tuple[int, ...]
+    solve_ms: tuple[float, ...]
+    wall_s: float
+    stopped: str
+
+    @classmethod
+    def of(cls, result: SimulationResult) -> _Done:
+        return cls(
+            result.workload,
+            result.jobs,
+            tuple(r.contention for r in result.rounds),
+            tuple(result.solve_ms),
+            result.wall_s,
+            result.stopped,
+        )
+
+    def metrics(self) -> WorkloadMetrics:
+        return workload_metrics(
+            self.jobs, contention=self.contention, solve_ms=self.solve_ms, wall_s=self.wall_s
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "jobs": [asdict(job) for job in self.jobs]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _Done:
+        return cls(
+            data["workload"],
+            tuple(JobOutcome(**job) for job in data["jobs"]),
+            tuple(data["contention"]),
+            tuple(data["solve_ms"]),
+            data["wall_s"],
+            data["stopped"],
+        )
+
+
+def _done_path(out: Path, policy: str, label: str) -> Path:
+    return out / "done" / f"{policy}-{label}.json"
+
+
+def _saver(out: Path | None, policy: str) -> Callable[[WorkloadTask, SimulationResult], None]:
+    def save(task: WorkloadTask, result: SimulationResult) -> None:
+        if out is not None:
+            path = _done_path(out, policy, task.label)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(_Done.of(result).to_json()) + "\n", encoding="utf-8")
+
+    return save
+
+
+def _load_done(out: Path, policy: str, tasks: list[WorkloadTask]) -> dict[str, _Done]:
+    """Workloads an earlier run with the same ``--out`` finished (``--resume``)."""
+    done = {}
+    for task in tasks:
+        path = _done_path(out, policy, task.label)
+        if path.is_file():
+            done[task.label] = _Done.from_json(json.loads(path.read_text(encoding="utf-8")))
+    if done:
+        print(f"# {policy}: {len(done)} workload(s) from {out / 'done'}", file=sys.stderr)
+    return done
 
 
 def print_table(
