@@ -13,6 +13,14 @@ second (0 where it cannot run). Every objective shares the constraints ``X >= 0`
   job's units and GPU count cancel;
 - ``max_total_throughput``: maximise ``sum T X / T_ref``, the normalised sum.
 
+Equal optima: jobs with the same GPU count and throughputs are interchangeable, so the optimal
+``X`` is not unique. HiGHS's simplex returns a vertex (some of them get 1, others 0); the artifact's
+ECOS, an interior-point solver, returns the centre of the optimal face, where interchangeable jobs
+get equal shares, and its mechanism then rotates them. :func:`solve_lp` gives the centre's shares
+for such jobs by averaging the vertex's ``X`` over each group (still optimal and feasible: the
+average of permuted optima). On Helios workload-1 a vertex makes Gavel's average JCT 7% lower
+than these shares (docs/simulator.md).
+
 The artifact rounds the solver's ``X`` to 5 decimals; so does :func:`solve_lp`, so that the
 solver's round-off never gives a job a priority on a type it should not use.
 """
@@ -83,5 +91,18 @@ def solve_lp(
     if result.x is None:
         logger.warning("Gavel LP failed (%s); no job gets a target share", result.message)
         return np.zeros((n_jobs, n_types))
-    x = result.x[:n_x].reshape(n_jobs, n_types)
+    x = share_ties(result.x[:n_x].reshape(n_jobs, n_types), throughput, gpus)
     return np.clip(np.round(x, DECIMALS), 0.0, 1.0)
+
+
+def share_ties(x: np.ndarray, throughput: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+    """``x`` averaged over each group of jobs with the same GPU count and throughputs (equal to a
+    relative 1e-9), as an interior-point solution would share them."""
+    values = np.column_stack([gpus, throughput])
+    keys = np.where(values > 0, np.round(np.log(np.maximum(values, 1e-300)), 9), -np.inf)
+    _, group = np.unique(keys, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    sums = np.zeros((group.max() + 1, x.shape[1]))
+    np.add.at(sums, group, x)
+    counts = np.bincount(group)[:, None]
+    return sums[group] / counts[group]

@@ -59,6 +59,7 @@ from sia_slurm.protocol import JobSpec, MetricsReport
 from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.clusterfile import ClusterSpec
 from sia_slurm.sim.metrics import JobOutcome
+from sia_slurm.sim.profiling import requested_shape_reports
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP, StatsTable, Stepped, integrate
 
 
@@ -119,6 +120,7 @@ class SimulatedCluster:
         *,
         start_time: float = 0.0,
         max_substep: float = DEFAULT_MAX_SUBSTEP,
+        profile_requested: bool = False,
     ) -> None:
         names = [job.spec.sia_id for job in jobs]
         if len(set(names)) != len(names):
@@ -129,6 +131,10 @@ class SimulatedCluster:
         self.cluster = cluster
         self.time = float(start_time)
         self.max_substep = max_substep
+        # Each arriving job also reports a measured step at its requested size on every type
+        # (sia_slurm/sim/profiling.py: what Gavel assumes is profiled).
+        self.profile_requested = profile_requested
+        self._profiles: list[MetricsReport] = []
         self.nodes = tuple(
             NodeView(f"{t.name}-{i}", t.name, t.gpus_per_node, t.gpus_per_node)
             for t in cluster.gpu_types
@@ -153,7 +159,8 @@ class SimulatedCluster:
         for job in live:
             job.contention_sum += len(live)
             job.contention_rounds += 1
-        reports = self._reports([job for job in live if job.trained])
+        reports = (*self._profiles, *self._reports([job for job in live if job.trained]))
+        self._profiles = []
         for job in live:
             job.trained = False
         views = tuple(self._job_snapshot(job) for job in self._active)
@@ -171,6 +178,10 @@ class SimulatedCluster:
             job = self._jobs[self._arrived]
             job.admitted = True
             self._active.append(job)
+            if self.profile_requested:
+                self._profiles.extend(
+                    requested_shape_reports(job.spec, job.truth, self.cluster, self.time)
+                )
             self._arrived += 1
 
     def _job_snapshot(self, job: _Job) -> JobSnapshot:

@@ -42,6 +42,10 @@ from sia_slurm.sim.workload import Workload
 DAY = 86400.0
 
 
+PROFILED_POLICIES = frozenset({"gavel"})
+"""Policies whose jobs, by default, report a profile at their requested size on arrival."""
+
+
 @dataclass(frozen=True)
 class SimulationConfig:
     """How to simulate: the policy, the round length, and the safety limits."""
@@ -54,6 +58,17 @@ class SimulationConfig:
     stall_rounds: int = 1440
     max_substep: float = DEFAULT_MAX_SUBSTEP
     shares: SharesConfig = EQUAL_USERS  # the site's shares between the workload's owners
+    # Arriving jobs report a measured step at their requested size on every GPU type
+    # (sia_slurm/sim/profiling.py); None: on for the policies that run jobs at that size and
+    # assume its throughput is known (Gavel, as the Sia artifact gives it), off for the others.
+    profile_requested: bool | None = None
+
+    @property
+    def profiles_requested(self) -> bool:
+        """Whether arriving jobs report their requested size (``profile_requested`` resolved)."""
+        if self.profile_requested is not None:
+            return self.profile_requested
+        return self.policy in PROFILED_POLICIES
 
     def __post_init__(self) -> None:
         params_type = config_type(self.policy)  # raises, listing the valid policies
@@ -150,7 +165,10 @@ def simulate(
     started = time.perf_counter()
     truths = truths if truths is not None else load_workload_truths([workload], inputs)
     cluster = SimulatedCluster(
-        inputs.cluster, job_specs(workload, truths), max_substep=config.max_substep
+        inputs.cluster,
+        job_specs(workload, truths),
+        max_substep=config.max_substep,
+        profile_requested=config.profiles_requested,
     )
     controller = build_controller(inputs, config)
     loop = _Loop()

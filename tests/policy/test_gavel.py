@@ -291,3 +291,13 @@ def test_placement_moves_a_job_to_its_hint_only_when_hints_are_binding(binding):
     assert placed.assignments["j"] == (
         (NodeShare("A-1", 2),) if binding else (NodeShare("A-0", 2),)
     )
+
+
+def test_interchangeable_jobs_share_the_lp_optimum_as_an_interior_point_would():
+    """Three identical 1-GPU jobs and two GPUs: a vertex gives two of them X = 1 and one 0; the
+    centre of the optimal face (the artifact's ECOS) gives each 2/3. A different job keeps its
+    own share."""
+    throughput = np.array([[5.0], [5.0], [5.0], [1.0]])
+    x = solve_lp(throughput, np.ones(4), np.array([2.0]), "max_sum_throughput")
+    assert x[:3, 0] == pytest.approx([2 / 3] * 3, abs=1e-5)
+    assert x[3, 0] == 0.0

@@ -356,3 +356,35 @@ def test_a_cluster_without_jobs_is_idle_and_done(tmp_path: Path) -> None:
     cluster = SimulatedCluster(spec, [])
     assert cluster.all_done and cluster.idle()
     assert [node.name for node in cluster.snapshot().nodes] == ["fast-0", "fast-1"]
+
+
+def test_arriving_jobs_report_their_requested_size_when_asked(tmp_path: Path) -> None:
+    """With ``profile_requested`` each job reports, on arrival, one measured step on every type
+    at its requested GPUs packed on whole nodes and its requested batch split over them, with
+    accumulation past the largest measured per-GPU batch (20 here); a job larger than the type
+    gets none. Without it (the default) nothing is reported before a job runs."""
+    truth = toy_truth(tmp_path, grad_var=2.0)
+    gpu_type = ClusterGpuType("fast", "fast", "x", gpus_per_node=2, nodes=2)
+    spec = ClusterSpec("toy", (gpu_type,))
+    asks = {"fits": (2, 40), "accumulates": (2, 60), "too_big": (5, 50)}
+    jobs = [
+        SimJobSpec(JobSpec(name, "toy", requested_gpus=g, requested_batch_size=b), truth)
+        for name, (g, b) in asks.items()
+    ]
+    assert SimulatedCluster(spec, jobs).snapshot().reports == ()
+    cluster = SimulatedCluster(spec, jobs, profile_requested=True)
+    reports = {r.sia_id: r for r in cluster.snapshot().reports}
+    assert set(reports) == {"fits", "accumulates"}
+    fits, accumulates = reports["fits"], reports["accumulates"]
+    assert (fits.gpu_type, fits.nodes, fits.gpus, fits.local_bsz, fits.accum_steps) == (
+        "fast",
+        1,
+        2,
+        20,
+        0,
+    )
+    assert (fits.step_time, fits.sync_time) == (2.5, 0.5)
+    assert (accumulates.local_bsz, accumulates.accum_steps) == (15, 1)
+    assert accumulates.step_time == pytest.approx(2.0)  # halfway between batch 10 and 20
+    assert fits.grad_var == pytest.approx(2.0)
+    assert cluster.snapshot().reports == ()  # once, on arrival
