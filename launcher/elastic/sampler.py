@@ -111,7 +111,7 @@ class ElasticSampler:
         for micro in range(micro_count):
             slot = micro * replicas + rank
             lo, hi = bounds[slot], bounds[slot + 1]
-            micro_batches.append(tuple(int(i) for i in order[start + lo : start + hi]))
+            micro_batches.append(tuple(order[start + lo : start + hi].tolist()))
         uniform = size == batch_size
         return StepPlan(self.epoch, self.position, size, tuple(micro_batches), uniform)
 
