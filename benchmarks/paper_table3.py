@@ -30,19 +30,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sia_slurm.sim.apps import default_workloads_dir
-from sia_slurm.sim.inputs import load_inputs, load_sim_workloads
-from sia_slurm.sim.metrics import (
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this checkout's package, not another one installed editable
+    sys.path.insert(0, str(REPO))
+
+from sia_slurm.sim.apps import default_workloads_dir  # noqa: E402
+from sia_slurm.sim.inputs import load_inputs, load_sim_workloads  # noqa: E402
+from sia_slurm.sim.metrics import (  # noqa: E402
     JobOutcome,
     PooledMetrics,
     WorkloadMetrics,
     pooled_metrics,
     workload_metrics,
 )
-from sia_slurm.sim.parallel import WorkloadTask, run_tasks
-from sia_slurm.sim.run import SimulationConfig, SimulationResult
+from sia_slurm.sim.parallel import WorkloadTask, run_tasks  # noqa: E402
+from sia_slurm.sim.run import SimulationConfig, SimulationResult  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "etc" / "clusters" / "hetero64.yaml"
 TRACES = {"philly": "philly", "helios": "saturn"}  # trace name -> folder under data/workloads
 POLICIES = ("sia", "pollux", "gavel", "fifo")
