@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -91,10 +92,39 @@ def test_bounded_fetch_gathers_at_most_the_computed_samples_in_order():
     assert torch.equal(small_inputs, dataset.tensors[0][[3, 1]])
 
 
-def test_emulated_step_time_follows_the_profile_at_a_large_batch(tmp_path: Path):
+def _run(directory: Path, steps: int, batch: int) -> dict:
+    train(
+        [
+            "--local",
+            str(directory),
+            "--app",
+            "ncf",
+            "--profile-type",
+            "rtx",
+            "--batch-size",
+            str(batch),
+            "--dataset-size",
+            str(batch * 42),
+            "--max-steps",
+            str(steps),
+            "--epochs",
+            "1",
+            "--progress",
+            "raw",
+        ]
+    )
+    return json.loads((directory / "state" / "jobs" / "local" / "metrics.json").read_text())
+
+
+def test_emulated_step_costs_little_cpu_at_a_large_batch(tmp_path: Path):
     """ncf on rtx at a local batch of 32,768: the profile (profiles/ncf/seed.csv) measured a
-    20 ms step; the emulated trainer's reported step time must be within 10% of it (it used to
-    report 0.49 s in the demo: collating 32,768 samples one by one)."""
+    20 ms step; the demo's emulated trainer reported 0.49 s there (it collated 32,768 samples
+    one by one, 2.4 s of CPU per step here). Its own CPU work per step must now be a small
+    part of the step: under 25% (5 ms) of CPU time, which a crowded machine does not change,
+    so with the pacing above its reported step is the profile's wherever it gets the CPU it
+    needs. The wall-clock step it reports is a benchmark, not asserted here (it depends on the
+    machine's load): 19.7-20.0 ms at load 12 on the shared 2-core machine, 33.5 ms at load 16,
+    when a process gets an eighth of a core (issue 19's report)."""
     root = default_profiles_dir()
     profile = load_app_profile(root / "ncf", load_gpu_types(root / GPU_TYPES_FILE))
     (measured,) = [
@@ -105,27 +135,13 @@ def test_emulated_step_time_follows_the_profile_at_a_large_batch(tmp_path: Path)
     assert micro_batch_seconds(profile, "rtx", 32768) == pytest.approx(
         measured.step_time - measured.sync_time
     )
-    steps, batch = 40, 32768
-    train(
-        [
-            "--local",
-            str(tmp_path),
-            "--app",
-            "ncf",
-            "--profile-type",
-            "rtx",
-            "--batch-size",
-            str(batch),
-            "--dataset-size",
-            str(batch * (steps + 1)),
-            "--max-steps",
-            str(steps),
-            "--epochs",
-            "1",
-            "--progress",
-            "raw",
-        ]
-    )
-    report = json.loads((tmp_path / "state" / "jobs" / "local" / "metrics.json").read_text())
-    assert report["local_bsz"] == batch and report["steps"] == steps
-    assert report["step_time"] == pytest.approx(measured.step_time, rel=0.10)
+    batch = 32768
+    before = time.process_time()
+    _run(tmp_path / "one", 1, batch)
+    setup = time.process_time() - before
+    before = time.process_time()
+    report = _run(tmp_path / "many", 41, batch)
+    per_step = (time.process_time() - before - setup) / 40
+    assert report["local_bsz"] == batch and report["steps"] == 41
+    assert per_step < 0.25 * measured.step_time
+    assert report["step_time"] >= 0.9 * measured.step_time  # paced, never faster than profiled
