@@ -68,6 +68,7 @@ def main() -> int:
     inputs = load_inputs(CLUSTER)
     measured: dict[tuple[str, str], PooledMetrics] = {}
     counts: dict[str, tuple[int, int]] = {}
+    partial: dict[tuple[str, str], int] = {}  # with --only-done: workloads found per row
     started = time.perf_counter()
     for trace in args.traces:
         workloads = load_sim_workloads(default_workloads_dir() / TRACES[trace], inputs)
@@ -89,6 +90,11 @@ def main() -> int:
             ]
             t0 = time.perf_counter()
             done = _load_done(args.out, policy, tasks) if args.resume else {}
+            if args.only_done:
+                tasks = [task for task in tasks if task.label in done]
+                if not tasks:
+                    continue
+                partial[(trace, policy)] = len(tasks)
             todo = [task for task in tasks if task.label not in done]
             results = run_tasks(todo, args.processes, on_done=_saver(args.out, policy))
             ordered = [done.get(task.label) or _Done.of(results[task.label]) for task in tasks]
@@ -108,7 +114,7 @@ def main() -> int:
                 payload = {d.workload: d.metrics().to_json() for d in ordered}
                 path = args.out / f"summary-{policy}-{trace}.json"
                 path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    print_table(measured, counts, args)
+    print_table(measured, counts, args, partial)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f} s")
     return 0
 
@@ -126,9 +132,16 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="reuse the workloads an earlier run with the same --out finished (needs --out)",
     )
+    parser.add_argument(
+        "--only-done",
+        action="store_true",
+        help="with --resume: print the saved workloads only, run nothing (rows say how many)",
+    )
     args = parser.parse_args()
     if args.resume and not args.out:
         parser.error("--resume: needs --out DIR, where the earlier run saved its workloads")
+    if args.only_done and not args.resume:
+        parser.error("--only-done: needs --resume --out DIR")
     args.policies = [p for p in args.policies.split(",") if p]
     args.traces = [t for t in args.traces.split(",") if t]
     for trace in args.traces:
@@ -217,6 +230,7 @@ def print_table(
     measured: dict[tuple[str, str], PooledMetrics],
     counts: dict[str, tuple[int, int]],
     args: argparse.Namespace,
+    partial: dict[tuple[str, str], int] | None = None,
 ) -> None:
     print(
         "\nTable 3: 64-GPU heterogeneous cluster (hetero64: 6x4 T4, 3x8 RTX 2080Ti, 2x8 A100), "
@@ -242,6 +256,9 @@ def print_table(
         if paper:
             cells = [f"{c} ({p:g})" for c, p in zip(cells, paper, strict=True)]
         solve = f"{m.solve_ms_median:.0f}/{m.solve_ms_p95:.0f}"
+        found = (partial or {}).get((trace, policy))
+        if found is not None and found != counts[trace][0]:
+            solve += f"  ({found} of {counts[trace][0]} workloads)"
         print(
             f"{trace:7} {policy:7} {cells[0]:>17} {cells[1]:>13} {cells[2]:>13} {cells[3]:>12} "
             f"{m.restarts_per_job:12.2f} {solve:>17}"
