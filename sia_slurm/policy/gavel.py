@@ -13,10 +13,12 @@ objective, and a round-based mechanism realises it. Every ``round_duration`` sec
    come last but still get the GPUs the others leave, so no GPU sits idle while a job that fits
    it waits. A job is scheduled on its first pair whose type still has as many free GPUs as it
    asks for, and each scheduled job is credited a round on that type.
-3. **Workers.** The scheduled jobs get GPUs of their type by count, over any of its nodes
-   (:mod:`.workers`): previous GPUs kept when all still free, the rest node by node. The node
-   shares travel to placement as binding node hints, the configuration is (type, nodes used,
-   GPUs).
+3. **Workers.** With ``workers: any`` (the artifact's, the simulator's default) the scheduled
+   jobs get GPUs of their type by count, over any of its nodes (:mod:`.workers`): previous
+   GPUs kept when all still free, the rest node by node. With ``workers: even`` (the default:
+   what one Slurm job can ask for) a job is scheduled only where its GPUs split evenly over
+   free nodes. The node shares travel to placement as binding node hints, the configuration
+   is (type, nodes used, GPUs).
 
 Between decisions the previous allocation stands (a job that arrives waits for the next one).
 What the mechanism remembers (credited time per job and type, and per type over every job
@@ -43,6 +45,7 @@ from sia_slurm.policy.base import (
     Allocation,
     GpuTypeView,
     JobAllocation,
+    JobView,
     NodeShare,
     PolicyInput,
     SolveInfo,
@@ -51,7 +54,7 @@ from sia_slurm.policy.base import (
 from sia_slurm.policy.configs import nodes_needed
 from sia_slurm.policy.gavel_lp import solve_lp
 from sia_slurm.policy.settings import GavelPolicyConfig
-from sia_slurm.policy.workers import WorkerRequest, assign_workers
+from sia_slurm.policy.workers import WorkerRequest, assign_workers, even_shares
 
 logger = logging.getLogger(__name__)
 
@@ -164,10 +167,39 @@ def schedule(policy_input: PolicyInput, pairs: list[tuple[int, int]]) -> list[Wo
             continue
         free[gpu_type] -= job.requested_gpus
         scheduled.add(job.job_id)
-        same_type = job.current is not None and job.current.gpu_type == gpu_type
-        previous = job.placement if same_type else ()
-        requests.append(WorkerRequest(job.job_id, gpu_type, job.requested_gpus, previous))
+        requests.append(
+            WorkerRequest(job.job_id, gpu_type, job.requested_gpus, previous(job, gpu_type))
+        )
     return requests
+
+
+def schedule_even(
+    policy_input: PolicyInput, pairs: list[tuple[int, int]]
+) -> tuple[list[WorkerRequest], dict[str, tuple[NodeShare, ...]]]:
+    """The ``even`` rule: a job goes on its first type whose free GPUs split evenly over
+    nodes for it (:func:`~.workers.even_shares`), given out as jobs are scheduled."""
+    cluster = policy_input.cluster
+    free = {node.name: node.usable_gpus for node in cluster.nodes}
+    nodes = {t: [n.name for n in cluster.nodes if n.gpu_type == t] for t in cluster.gpu_types}
+    requests: list[WorkerRequest] = []
+    hints: dict[str, tuple[NodeShare, ...]] = {}
+    for m, j in pairs:
+        job, gpu_type = policy_input.jobs[m], cluster.gpu_types[j]
+        if job.job_id in hints:
+            continue
+        shares = even_shares(free, nodes[gpu_type], job.requested_gpus, previous(job, gpu_type))
+        if shares is None:
+            continue
+        for share in shares:
+            free[share.node] -= share.gpus
+        hints[job.job_id] = shares
+        requests.append(WorkerRequest(job.job_id, gpu_type, job.requested_gpus))
+    return requests, hints
+
+
+def previous(job: JobView, gpu_type: str) -> tuple[NodeShare, ...]:
+    """The job's current node shares if they are on ``gpu_type``."""
+    return job.placement if job.current is not None and job.current.gpu_type == gpu_type else ()
 
 
 @dataclass(frozen=True)
@@ -188,13 +220,15 @@ class GavelPolicy:
         gpus = np.array([job.requested_gpus for job in policy_input.jobs], dtype=float)
         capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
         targets = solve_lp(throughput, gpus, capacity, self.config.objective)
-        requests = schedule(
-            policy_input, ranked_pairs(policy_input, shapes, targets, received, type_time)
-        )
+        pairs = ranked_pairs(policy_input, shapes, targets, received, type_time)
+        if self.config.workers == "any":
+            requests = schedule(policy_input, pairs)
+            hints = assign_workers(cluster, requests)
+        else:
+            requests, hints = schedule_even(policy_input, pairs)
         for request in requests:
             received[request.job_id][request.gpu_type] += self.config.round_duration
             type_time[request.gpu_type] += self.config.round_duration
-        hints = assign_workers(cluster, requests)
         views = {job.job_id: job for job in policy_input.jobs}
         jobs: dict[str, JobAllocation] = {}
         for request in requests:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+WORKER_RULES = ("even", "any")
+"""How Gavel spreads a job over a type's nodes (:mod:`sia_slurm.policy.workers`)."""
+
 OBJECTIVES = ("max_sum_throughput", "max_min_fairness", "max_total_throughput")
 """Gavel's objectives (:mod:`sia_slurm.policy.gavel_lp`): the Sia artifact's raw throughput sum
 (our default), Gavel's paper default, and the normalised sum."""
@@ -108,15 +111,23 @@ class PolluxPolicyConfig:
 class GavelPolicyConfig:
     """``objective``: one of :data:`OBJECTIVES`; ``max_sum_throughput`` is how the Sia artifact
     runs Gavel for Sia's evaluation, ``max_min_fairness`` Gavel's own paper default.
-    ``round_duration``: seconds between Gavel's decisions (the artifact's 360)."""
+    ``round_duration``: seconds between Gavel's decisions (the artifact's 360).
+    ``workers``: ``even`` (the same GPUs on every node a job spans, which is what one Slurm job
+    can ask for) or ``any`` (free GPUs anywhere on the type, as the artifact's simulator runs
+    Gavel; the simulator's default)."""
 
     objective: str = "max_sum_throughput"
     round_duration: float = 360.0
+    workers: str = "even"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(
                 f"GavelPolicyConfig.objective: expected one of {OBJECTIVES}, got {self.objective!r}"
+            )
+        if self.workers not in WORKER_RULES:
+            raise ValueError(
+                f"GavelPolicyConfig.workers: expected one of {WORKER_RULES}, got {self.workers!r}"
             )
         if not self.round_duration > 0:
             raise ValueError(

@@ -8,6 +8,11 @@ free, every other job takes free GPUs node by node in the cluster's node order. 
 up spread unevenly over several nodes (``2 + 1 + 1``), which the goodput model and the simulated
 ground truth price by its node count.
 
+That is the ``any`` rule (``GavelPolicyConfig.workers``), the simulator's default. One Slurm job
+asks for the same number of GPUs on each of its nodes, so on Slurm the rule is ``even``
+(:func:`even_shares`): a job is scheduled only where its GPUs split evenly over free nodes,
+checked as jobs are scheduled, in priority order.
+
 Counting GPUs per type instead of fitting shapes on nodes is what keeps Gavel work-conserving:
 with fewest-node shapes a job waits while its type has enough free GPUs scattered over nodes.
 The assignment always succeeds when the GPUs handed out on a type do not exceed its usable GPUs
@@ -69,6 +74,39 @@ def assign_workers(
                 if request.job_id not in assigned:
                     assigned[request.job_id] = _fill(request.gpus, nodes, free)
     return assigned
+
+
+def even_shares(
+    free: dict[str, int], nodes: list[str], gpus: int, previous: tuple[NodeShare, ...] = ()
+) -> tuple[NodeShare, ...] | None:
+    """``gpus`` GPUs as the same count on each of the fewest nodes that have it free (first fit
+    in ``nodes`` order), the job's ``previous`` shares if still free; ``None`` if no such set.
+
+    This is the ``even`` rule: one Slurm job asks for the same GPUs on every node
+    (``TresPerNode``), so an uneven split could not be started there.
+    """
+    if (
+        previous
+        and len({s.gpus for s in previous}) == 1
+        and _can_keep_shares(previous, gpus, free, nodes)
+    ):
+        return previous
+    for count in range(1, len(nodes) + 1):
+        if gpus % count:
+            continue
+        per_node = gpus // count
+        chosen = [node for node in nodes if free[node] >= per_node][:count]
+        if len(chosen) == count:
+            return tuple(NodeShare(node, per_node) for node in chosen)
+    return None
+
+
+def _can_keep_shares(
+    previous: tuple[NodeShare, ...], gpus: int, free: dict[str, int], nodes: list[str]
+) -> bool:
+    return sum(s.gpus for s in previous) == gpus and all(
+        s.node in nodes and free[s.node] >= s.gpus for s in previous
+    )
 
 
 def _can_keep(request: WorkerRequest, free: dict[str, int], nodes: list[str]) -> bool:

@@ -133,8 +133,12 @@ class _Loop:
 
 
 def policy_params(name: str, seed: int) -> object | None:
-    """The policy's default parameters, with ``seed`` where the policy takes one."""
+    """The policy's default parameters, with ``seed`` where the policy takes one; Gavel spreads
+    jobs over any free GPUs of a type, as the Sia artifact simulates it (the simulated cluster
+    runs uneven splits; one Slurm job cannot, so its own default is ``even``)."""
     params_type = config_type(name)
+    if name == "gavel":
+        return params_type(workers="any")
     if any(f.name == "seed" for f in fields(params_type)):
         return params_type(seed=seed)
     return None

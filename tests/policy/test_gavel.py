@@ -20,7 +20,14 @@ from sia_slurm.policy.gavel import (
 )
 from sia_slurm.policy.placement import place
 from sia_slurm.policy.testing import SyntheticEstimator, TableEstimator, make_cluster
-from sia_slurm.policy.workers import WorkerAssignmentError, WorkerRequest, assign_workers
+from sia_slurm.policy.workers import (
+    WorkerAssignmentError,
+    WorkerRequest,
+    assign_workers,
+    even_shares,
+)
+
+ANY = GavelPolicy(GavelPolicyConfig(workers="any"))  # the artifact's rule, the simulator's
 
 
 def rigid(job_id: str, gpus: int, speed: dict[str, float], **kwargs) -> JobView:
@@ -206,7 +213,7 @@ def test_gavel_grants_by_gpu_count_spreading_over_nodes():
         for i in range(3)
     )
     jobs = (*small, rigid("big", 8, {"A": 1}, submit_time=1))
-    allocation = GavelPolicy().solve(PolicyInput(cluster, jobs, now=0.0))
+    allocation = ANY.solve(PolicyInput(cluster, jobs, now=0.0))
     assert set(allocation.jobs) == {"s0", "s1", "s2", "big"}
     assert allocation.node_hints["big"] == (NodeShare("A-0", 4), NodeShare("A-1", 4))
     assert allocation.jobs["big"].config == Configuration("A", 2, 8)
@@ -219,8 +226,9 @@ def test_gavel_grants_by_gpu_count_spreading_over_nodes():
 
 
 def test_gavel_spread_configuration_is_priced_by_the_estimator_at_its_node_count():
-    """Nodes with 2, 1 and 1 usable GPUs (the rest held by other Slurm jobs): a 4-GPU job runs
-    spread 2 + 1 + 1, as the 3-node configuration it is, priced at that node count."""
+    """Nodes with 2, 1 and 1 usable GPUs (the rest held by other Slurm jobs): under the
+    artifact's rule a 4-GPU job runs spread 2 + 1 + 1, as the 3-node configuration it is, priced
+    at that node count; under ``even`` (one Slurm job: the same GPUs per node) it cannot run."""
     cluster = make_cluster([("A", 3, 2)])
     usable = (2, 1, 1)
     nodes = tuple(
@@ -228,7 +236,8 @@ def test_gavel_spread_configuration_is_priced_by_the_estimator_at_its_node_count
     )
     cluster = dataclasses.replace(cluster, nodes=nodes)
     job = rigid("four", 4, {"A": 1})
-    allocation = GavelPolicy().solve(PolicyInput(cluster, (job,)))
+    assert GavelPolicy().solve(PolicyInput(cluster, (job,))).jobs == {}  # "even": no 4 = k x 4/k
+    allocation = ANY.solve(PolicyInput(cluster, (job,)))
     assert allocation.node_hints["four"] == (
         NodeShare("A-0", 2),
         NodeShare("A-1", 1),
@@ -301,3 +310,54 @@ def test_interchangeable_jobs_share_the_lp_optimum_as_an_interior_point_would():
     x = solve_lp(throughput, np.ones(4), np.array([2.0]), "max_sum_throughput")
     assert x[:3, 0] == pytest.approx([2 / 3] * 3, abs=1e-5)
     assert x[3, 0] == 0.0
+
+
+def test_even_shares_fewest_nodes_with_equal_gpus_previous_kept_or_none():
+    nodes = ["A-0", "A-1", "A-2"]
+    free = {"A-0": 1, "A-1": 2, "A-2": 4}
+    assert even_shares(free, nodes, 4) == (NodeShare("A-2", 4),)
+    assert even_shares(free, nodes, 2) == (NodeShare("A-1", 2),)  # first fit in node order
+    assert even_shares({"A-0": 1, "A-1": 2, "A-2": 1}, nodes, 3) == (
+        NodeShare("A-0", 1),
+        NodeShare("A-1", 1),
+        NodeShare("A-2", 1),
+    )
+    assert even_shares({"A-0": 1, "A-1": 2, "A-2": 1}, nodes, 4) is None  # 2 + 1 + 1 only
+    kept = (NodeShare("A-0", 1), NodeShare("A-1", 1))
+    assert even_shares(free, nodes, 2, kept) == kept
+    assert even_shares({"A-0": 0, "A-1": 2, "A-2": 4}, nodes, 2, kept) == (NodeShare("A-1", 2),)
+
+
+def test_even_workers_give_only_even_placeable_splits_and_stay_work_conserving():
+    """Two 4-GPU nodes, one GPU of each held by other Slurm jobs (3 + 3 usable): a 4-GPU job
+    fits only as 2 + 2, a 3-GPU job only on one node; whatever the order, every grant is the
+    same GPUs per node, placeable as hinted, and no job that would fit the GPUs left waits."""
+    cluster = make_cluster([("A", 2, 4)])
+    nodes = tuple(dataclasses.replace(n, usable_gpus=3) for n in cluster.nodes)
+    cluster = dataclasses.replace(cluster, nodes=nodes)
+    jobs = (rigid("four", 4, {"A": 1}), rigid("three", 3, {"A": 1}), rigid("one", 1, {"A": 1}))
+    allocation = GavelPolicy().solve(PolicyInput(cluster, jobs))
+    hints = dict(allocation.node_hints)
+    for job_id, shares in hints.items():
+        assert len({s.gpus for s in shares}) == 1, job_id  # one Slurm job: same GPUs per node
+        assert allocation.jobs[job_id].config.nodes == len(shares)
+    if "four" in hints:
+        assert hints["four"] == (NodeShare("A-0", 2), NodeShare("A-1", 2))
+    placed = place(cluster, allocation, jobs)
+    assert placed.unplaced == () and dict(placed.assignments) == hints
+    used = {
+        n.name: sum(s.gpus for sh in hints.values() for s in sh if s.node == n.name) for n in nodes
+    }
+    waiting = [j for j in jobs if j.job_id not in hints]
+    for job in waiting:  # work-conserving: it has no even split in what is left
+        free = {n: 3 - used[n] for n in used}
+        assert even_shares(free, list(free), job.requested_gpus) is None, job.job_id
+
+
+def test_workers_rule_is_validated_and_the_simulator_uses_the_artifacts():
+    from sia_slurm.sim.run import policy_params
+
+    with pytest.raises(ValueError, match="workers"):
+        GavelPolicyConfig(workers="some")
+    assert GavelPolicyConfig().workers == "even"
+    assert policy_params("gavel", 0) == GavelPolicyConfig(workers="any")
