@@ -74,6 +74,8 @@ def main() -> int:
         workloads = load_sim_workloads(default_workloads_dir() / TRACES[trace], inputs)
         counts[trace] = (min(args.workloads or len(workloads), len(workloads)), len(workloads))
         workloads = workloads[: counts[trace][0]]
+        if args.names:
+            workloads = [w for w in workloads if w.name in args.names]
         for policy in args.policies:
             config = SimulationConfig(policy=policy, seed=args.seed)
             tasks = [
@@ -125,6 +127,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--processes", type=int, default=None, help="default: number of cores")
+    parser.add_argument(
+        "--names",
+        default="",
+        help="only the workloads of these names, comma-separated (e.g. workload-5,workload-6)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="also write round logs here")
     parser.add_argument(
@@ -144,6 +151,7 @@ def parse_args() -> argparse.Namespace:
         parser.error("--only-done: needs --resume --out DIR")
     args.policies = [p for p in args.policies.split(",") if p]
     args.traces = [t for t in args.traces.split(",") if t]
+    args.names = {n for n in args.names.split(",") if n}
     for trace in args.traces:
         if trace not in TRACES:
             parser.error(f"--traces: expected names among {', '.join(TRACES)}, got {trace!r}")
