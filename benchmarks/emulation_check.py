@@ -1,8 +1,8 @@
 """Do the emulated trainers of a dev-cluster run follow their profiles? (issue 19)
 
 Reads a finished (or running) controller state, as ``sia-slurm report`` does: the demo's
-(``scripts/demo.sh``) or a fidelity run's (``benchmarks/fidelity.py``), and checks each job's
-newest metrics report two ways:
+(``scripts/demo.sh``) or a fidelity run's (``benchmarks/fidelity.py``), and checks the newest
+metrics report of each job that runs the emulated trainer two ways:
 
 1. **Step time vs the profile.** Where the report's shape is one the app's profile measured
    (1 GPU, a per-GPU batch within the seed's range for that GPU type, interpolated linearly as
@@ -11,7 +11,10 @@ newest metrics report two ways:
    all-reduce is real (gloo on the dev cluster), the profile has no such shape.
 2. **The dashboard's columns.** The predicted goodput of the job's last decision and the
    goodput measured from its newest report (``sia-slurm report``'s job table) must agree within
-   the tolerance where the report is of the configuration that decision gave it.
+   the tolerance where the report is of the configuration that decision gave it. This one
+   also measures the goodput model (its fit, its statistical efficiency), not only the
+   emulation: on the demo, yolov3's prediction is 30% below what it measures at the step time
+   its profile gives (the model's worst fit, README "Goodput model").
 
 Usage: python benchmarks/emulation_check.py --config DIR/sia.yaml
            [--time-scale calibration|FACTOR] [--tolerance 0.10]
@@ -78,19 +81,26 @@ def profile_step_time(profile: AppProfile, profile_type: str, local_bsz: int) ->
     return points[0][1]
 
 
-def newest_reports(db_path: Path, state_dir: Path, jobs: list[str]) -> dict[str, MetricsReport]:
+EMULATED = "launcher.examples.emulated"
+
+
+def newest_reports(db_path: Path, state_dir: Path) -> dict[str, MetricsReport]:
+    """The newest report of every job that runs the emulated trainer (others, e.g. the demo's
+    real PyTorch jobs, take the time their CPU work takes and are not checked)."""
     store = Store.open(db_path, create=False)
     try:
         reports = _stored_reports(store)
+        emulated = {
+            job.sia_id for job in store.jobs() if EMULATED in " ".join(job.spec.get("command", []))
+        }
     finally:
         store.close()
     paths = StatePaths(state_dir)
-    for job in jobs:
-        if job not in reports:
-            report = _last_report(paths, job)
-            if report is not None:
-                reports[job] = report
-    return reports
+    for job in emulated - set(reports):
+        report = _last_report(paths, job)
+        if report is not None:
+            reports[job] = report
+    return {job: report for job, report in reports.items() if job in emulated}
 
 
 def main() -> int:
@@ -104,7 +114,7 @@ def main() -> int:
     root = default_profiles_dir()
     gpu_types = load_gpu_types(root / GPU_TYPES_FILE)
     data = report_from_db(config.db_path, state_dir=config.state_dir)
-    reports = newest_reports(config.db_path, config.state_dir, [row.id for row in data.jobs])
+    reports = newest_reports(config.db_path, config.state_dir)
     steps: list[StepCheck] = []
     pairs: list[tuple[str, float, float]] = []
     for row in data.jobs:
