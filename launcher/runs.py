@@ -281,7 +281,7 @@ def run_end(status: int, evidence: RunEvidence) -> tuple[int, ExitCause, str]:
     A trainer that completed makes the run COMPLETED whatever ``srun`` says (a rank was seen
     to die with SIGABRT after the last step). Otherwise, a run Slurm itself ended (one of its
     nodes DOWN, the job requeued or no longer running: ``slurm_ended``) was aborted whatever
-    ``srun``'s status: after "Node failure on N", srun exits 0 on Slurm 22.05 and 1 on 26.05.
+    ``srun``'s status: after "Node failure on N", srun exits 0 on Slurm 22.05, 1 on 24.11 and 26.05.
     With status 0, a trainer that began and never
     ended by itself was killed under ``srun`` (a node failure): not the job's doing, and the
     launcher exits :data:`EXIT_ABORTED` so Slurm does not record a completion. With a non-zero

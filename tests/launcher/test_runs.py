@@ -337,7 +337,7 @@ def test_slurm_says_when_it_ended_a_run_under_srun(job: str, nodes: str, said: s
 
 
 def test_a_run_slurm_ended_is_aborted_whatever_srun_says() -> None:
-    """After "Node failure on N" srun exits 0 on 22.05 and 1 on 26.05 (both seen)."""
+    """After "Node failure on N" srun exits 0 on 22.05, 1 on 24.11 and 26.05 (all seen)."""
     for status in (0, 1):
         evidence = RunEvidence(1, (), TrainingRecord(5), slurm_ended="node t4-1 DOWN")
         code, cause, message = run_end(status, evidence)
