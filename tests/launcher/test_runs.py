@@ -31,7 +31,6 @@ from launcher.runs import (
     write_training,
 )
 from sia_slurm.protocol import (
-    Assignment,
     ExitCause,
     MetricsReport,
     StatePaths,
@@ -39,26 +38,8 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.slurm.runner import CommandError, CommandResult
+from tests.launcher.test_launch import assignment  # job 41 after one restart
 from tests.release import quiet_ports
-
-
-def assignment(**overrides: object) -> Assignment:
-    values: dict[str, object] = {
-        "sia_id": "s1-abcd",
-        "round_index": 7,
-        "gpu_type": "rtx",
-        "partition": "rtx",
-        "nodes": 2,
-        "gpus": 4,
-        "node_list": (),
-        "batch_size": 48,
-        "local_bsz": 6,
-        "accum_steps": 1,
-        "slurm_job_id": "41",
-        "slurm_restart_count": 1,
-    }
-    values.update(overrides)
-    return Assignment(**values)  # type: ignore[arg-type]
 
 
 def test_exit_status_says_stopped_only_for_an_acknowledged_later_stop(tmp_path: Path) -> None:
