@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.jobenv import JobEnvironment
 from sia_slurm.protocol import (
     Assignment,
     ExitCause,
@@ -148,6 +149,17 @@ class TrainingRecorder:
         self._end: str | None = None
         write_training(*self._where, TrainingRecord(steps()))
         atexit.register(self._at_exit)
+
+    @classmethod
+    def for_rank(
+        cls, env: JobEnvironment, rank: int, steps: Callable[[], int]
+    ) -> TrainingRecorder | None:
+        """The recorder of a trainer of ``env``'s run: rank 0 under ``sia-launch`` only (no
+        Slurm run: a standalone process, which no launcher judges)."""
+        if rank != 0 or not env.slurm_job_id:
+            return None
+        job_dir = StatePaths(env.state_dir).job_dir(env.sia_id)
+        return cls(job_dir, env.slurm_job_id, env.restarts, steps)
 
     def ended(self, end: str) -> None:
         if self._end is None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from launcher.jobenv import JobEnvironment
 from sia_slurm.protocol import Assignment, ProtocolError, StatePaths, StopRequest, read_document
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,18 @@ def _signature(path: Path) -> _FileSignature | None:
 
 class ControlFiles:
     """Rank 0's reader of the controller's files for one job, and writer of the ack."""
+
+    @classmethod
+    def for_job(cls, env: JobEnvironment) -> ControlFiles:
+        """The control files of ``env``'s job and run, as a trainer of it reads them."""
+        return cls(
+            StatePaths(env.state_dir),
+            env.sia_id,
+            env.launch_round,
+            env.poll_interval_s,
+            slurm_job_id=env.slurm_job_id,
+            restart_count=env.restarts,
+        )
 
     def __init__(
         self,

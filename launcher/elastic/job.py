@@ -41,7 +41,6 @@ from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.elastic.trainer import Batch
 from launcher.jobenv import JobEnvironment
 from launcher.runs import TrainingRecorder
-from sia_slurm.protocol import StatePaths
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 2
@@ -126,14 +125,7 @@ class ElasticJob:
         self.noise = GradientNoise(self.env.init_batch_size, decay=noise_decay)
         self.checkpoints = CheckpointManager(self.env.checkpoint_dir, keep=checkpoint_keep)
         self.reporter = MetricsReporter(self.env)
-        self.files = ControlFiles(
-            StatePaths(self.env.state_dir),
-            self.env.sia_id,
-            self.env.launch_round,
-            self.env.poll_interval_s,
-            slurm_job_id=self.env.slurm_job_id,
-            restart_count=self.env.restarts,
-        )
+        self.files = ControlFiles.for_job(self.env)
         self.signals = SignalFlags()
         if install_signal_handlers:
             self.signals.install()
@@ -159,7 +151,7 @@ class ElasticJob:
         self._checkpoint_interval_s = checkpoint_interval_s
         self._last_checkpoint = time.monotonic()
         self._loaded: tuple[int, dict[str, Any]] | bool | None = False
-        self._recorder = self._training_recorder()
+        self._recorder = TrainingRecorder.for_rank(self.env, self.rank, lambda: self.step)
         self._install_failure_hook()
         self._log(
             "rank %d of %d on %s (%s), batch %d = %d x %d x %d",
@@ -482,14 +474,6 @@ class ElasticJob:
         if dist.is_initialized():
             dist.destroy_process_group()
         raise SystemExit(0)
-
-    def _training_recorder(self) -> TrainingRecorder | None:
-        if self.rank != 0 or not self.env.slurm_job_id:
-            return None
-        job_dir = StatePaths(self.env.state_dir).job_dir(self.env.sia_id)
-        return TrainingRecorder(
-            job_dir, self.env.slurm_job_id, self.env.restarts, lambda: self.step
-        )
 
     def _ended(self, end: str) -> None:
         if self._recorder is not None:

@@ -42,7 +42,7 @@ from launcher.elastic.noise import GradientNoise
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.jobenv import JobEnvironment
 from launcher.runs import TrainingRecorder
-from sia_slurm.protocol import Assignment, StatePaths
+from sia_slurm.protocol import Assignment
 
 logger = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
@@ -106,14 +106,7 @@ class ElasticTrainer:
         self.scaling = LRScaling(lr_scaling, self.env.init_batch_size)
         self.checkpoints = CheckpointManager(self.env.checkpoint_dir)
         self.reporter = MetricsReporter(self.env)
-        self.files = ControlFiles(
-            StatePaths(self.env.state_dir),
-            self.env.sia_id,
-            self.env.launch_round,
-            self.env.poll_interval_s,
-            slurm_job_id=self.env.slurm_job_id,
-            restart_count=self.env.restarts,
-        )
+        self.files = ControlFiles.for_job(self.env)
         self.signals = SignalFlags()
         if install_signal_handlers:
             self.signals.install()
@@ -130,7 +123,7 @@ class ElasticTrainer:
         self._superseded_round: int | None = None
         self._checkpoint_interval_s = checkpoint_interval_s
         self._last_checkpoint = time.monotonic()
-        self._recorder = self._training_recorder()
+        self._recorder = TrainingRecorder.for_rank(self.env, self.rank, lambda: self.step)
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._device = self._params[0].device if self._params else torch.device("cpu")
         self._log(
@@ -334,16 +327,6 @@ class ElasticTrainer:
             self._stop_for_controller(self._stop_round)
         if self._terminate:
             self._stop_for_termination()
-
-    def _training_recorder(self) -> TrainingRecorder | None:
-        """Rank 0 tells ``sia-launch`` that this run trained and how it ended, so that a run
-        killed under an ``srun`` that exits 0 is not taken for a completion (launcher/runs.py)."""
-        if self.rank != 0 or not self.env.slurm_job_id:
-            return None
-        job_dir = StatePaths(self.env.state_dir).job_dir(self.env.sia_id)
-        return TrainingRecorder(
-            job_dir, self.env.slurm_job_id, self.env.restarts, lambda: self.step
-        )
 
     def _ended(self, end: str) -> None:
         if self._recorder is not None:
