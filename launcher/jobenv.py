@@ -36,6 +36,8 @@ class JobEnvironment:
     request applies to this run only if its round is later (``docs/protocol.md``, "Stop").
     ``batch_size``/``local_bsz``/``accum_steps`` are the assignment's batch at launch; a
     running job may adopt a new batch later (rebatch) without a new environment.
+    ``slurm_job_id``, ``restarts`` and ``node_list`` (the run's hostnames, comma-separated)
+    name the Slurm run the process trains in (:meth:`hostnames`).
     """
 
     sia_id: str
@@ -54,6 +56,7 @@ class JobEnvironment:
     launch_round: int
     restarts: int = 0
     slurm_job_id: str = ""
+    node_list: str = ""
     profile: str = ""
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
     linger_s: float = DEFAULT_LINGER_S
@@ -79,6 +82,11 @@ class JobEnvironment:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise JobEnvironmentError(f"{env_name(name)}: expected seconds > 0, got {value}")
+
+    @property
+    def hostnames(self) -> tuple[str, ...]:
+        """The run's nodes, one name each (empty for a standalone run)."""
+        return tuple(name for name in self.node_list.split(",") if name)
 
     def to_env(self) -> dict[str, str]:
         """The ``SIA_*`` variables for the training processes."""

@@ -175,8 +175,9 @@ def job_environment(
     allocation: SlurmAllocation,
     config: SiaConfig,
     environ: Mapping[str, str],
+    hostnames: Sequence[str] = (),
 ) -> JobEnvironment:
-    """The ``SIA_*`` variables for the workers."""
+    """The ``SIA_*`` variables for the workers (``hostnames``: the run's nodes, expanded)."""
     profile_types = {gpu.name: gpu.profile for gpu in config.gpu_types}
     init_batch, max_batch = spec.init_batch_size, spec.max_batch_size
     if not init_batch or not max_batch:
@@ -200,6 +201,7 @@ def job_environment(
         launch_round=assignment.round_index,
         restarts=allocation.restart_count,
         slurm_job_id=allocation.job_id,
+        node_list=",".join(hostnames),
         profile=spec.profile or "",
         metrics_interval_s=_seconds(environ, "metrics_interval_s", DEFAULT_METRICS_INTERVAL_S),
         linger_s=_seconds(environ, "linger_s", DEFAULT_LINGER_S),
@@ -318,7 +320,7 @@ def _launch(
         raise LaunchError(f"cannot resolve the job's nodes: {exc}", EXIT_MISMATCH) from None
     wait_s = _seconds(environ, "mismatch_wait_s", max(3 * config.round_seconds, 60.0))
     assignment = await_grant(paths, sia_id, allocation, config, hostnames, wait_s)
-    job = job_environment(spec, assignment, allocation, config, environ)
+    job = job_environment(spec, assignment, allocation, config, environ, hostnames)
     python, command = split_command(spec.command, sys.executable)
     # A random start: two jobs relaunched at once on one node, both starting from the job id,
     # walked past the same busy ports to the same free one (seen on 26.05 in the fidelity run:
@@ -369,11 +371,12 @@ def _supervise(
     if stopped_on_request(paths, sia_id, assignment.round_index, *run):
         logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
         return EXIT_STOPPED, ExitCause.STOPPED, "stopped on the controller's request"
-    successor = superseded_by(paths, sia_id, *run)
+    successor = superseded_by(paths, sia_id, *run, job.hostnames)
     if successor is not None:
         message = (
             f"left behind: the assignment of round {successor.round_index} is for Slurm job "
-            f"{successor.slurm_job_id} run {successor.slurm_restart_count}"
+            f"{successor.slurm_job_id} run {successor.slurm_restart_count} on "
+            f"{','.join(successor.node_list) or '?'}"
         )
         logger.warning("[job=%s] %s; its workers stopped", sia_id, message)
         await_successor(paths, successor, lambda: bool(child.terminated), wait_s)

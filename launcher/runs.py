@@ -40,7 +40,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -356,19 +356,23 @@ def stopped_on_request(
 
 
 def superseded_by(
-    paths: StatePaths, sia_id: str, job_id: str, restart_count: int
+    paths: StatePaths,
+    sia_id: str,
+    job_id: str,
+    restart_count: int,
+    hostnames: Sequence[str] = (),
 ) -> Assignment | None:
-    """The assignment that hands the job to another Slurm run than this one, if the
-    controller has written one: this run was left behind and its workers stopped for it."""
+    """The assignment that hands the job to another Slurm run than this one (on
+    ``hostnames``), if the controller has written one: this run was left behind and its
+    workers stopped for it (:meth:`Assignment.hands_over`)."""
     path = paths.assignment(sia_id)
     try:
         assignment = read_document(Assignment, path) if path.exists() else None
     except ProtocolError:
         return None
-    if assignment is None or not assignment.slurm_job_id:
+    if assignment is None or not assignment.hands_over(job_id, restart_count, hostnames):
         return None
-    run = (assignment.slurm_job_id, assignment.slurm_restart_count)
-    return assignment if run != (job_id, restart_count) else None
+    return assignment
 
 
 def await_successor(
@@ -398,7 +402,11 @@ def await_successor(
             report = read_document(MetricsReport, paths.metrics(successor.sia_id))
         except ProtocolError:
             report = None
-        if report is not None and (report.slurm_job_id, report.slurm_restart_count) == run:
+        if (
+            report is not None
+            and (report.slurm_job_id, report.slurm_restart_count) == run
+            and report.round_index >= successor.round_index  # not this run's own (same id)
+        ):
             return True
         sleep(poll_s)
     return False

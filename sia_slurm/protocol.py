@@ -30,7 +30,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from enum import StrEnum
 from pathlib import Path
@@ -246,6 +246,23 @@ class Assignment:
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
+
+    def hands_over(self, job_id: str, restart_count: int, hostnames: Sequence[str] = ()) -> bool:
+        """Whether this assignment gives the job to another Slurm run than the one on
+        ``hostnames`` with this job id and restart count: that run was left behind.
+
+        The run's identity alone is not enough: a slurmctld killed right after it launched a
+        run comes back from the state it saved before, with the job pending at the same
+        restart count, and launches that identity again elsewhere (seen on 24.11: job 57
+        restart 3 started on rtx-[1-2], then on a100-[1-2]). A run keeps its nodes for its
+        whole life (a rebatch keeps ``node_list``), so other nodes mean another run. An
+        assignment that names no run, or no nodes, proves nothing."""
+        if not self.slurm_job_id:
+            return False
+        if (self.slurm_job_id, self.slurm_restart_count) != (job_id, restart_count):
+            return True
+        listed = bool(self.node_list) and bool(hostnames)
+        return listed and sorted(self.node_list) != sorted(hostnames)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -96,6 +96,7 @@ class ControlFiles:
             env.poll_interval_s,
             slurm_job_id=env.slurm_job_id,
             restart_count=env.restarts,
+            hostnames=env.hostnames,
         )
 
     def __init__(
@@ -108,11 +109,13 @@ class ControlFiles:
         *,
         slurm_job_id: str,
         restart_count: int,
+        hostnames: Sequence[str] = (),
     ):
         self.paths = paths
         self.sia_id = sia_id
         self.launch_round = launch_round
         self.run = (slurm_job_id, restart_count)  # the Slurm run this process trains in
+        self.hostnames = tuple(hostnames)  # ... and its nodes (Assignment.hands_over)
         self.poll_interval_s = poll_interval_s
         self._clock = clock
         self._last_poll = -float("inf")
@@ -154,9 +157,9 @@ class ControlFiles:
         """Whether ``assignment`` hands the job to another Slurm run than this one: the
         controller runs the job elsewhere now (this run was left behind, e.g. by a slurmd that
         died while Slurm requeued the job), so this run must stop without a checkpoint."""
-        if not self.run[0] or not assignment.slurm_job_id:
-            return False  # a standalone process, or an assignment that names no run
-        return (assignment.slurm_job_id, assignment.slurm_restart_count) != self.run
+        if not self.run[0]:
+            return False  # a standalone process
+        return assignment.hands_over(*self.run, self.hostnames)
 
     def write_ack(self, round_index: int) -> Path:
         """Create this run's empty ``ack-<round>.<run>`` atomically (after the checkpoint is

@@ -93,6 +93,24 @@ def test_new_assignment_is_reported_once_and_only_when_later(
     assert files.new_assignment(current_round=3) is None  # unchanged file: not read again
 
 
+def test_an_assignment_hands_the_job_over_when_it_names_another_run_or_other_nodes(
+    tmp_path: Path,
+) -> None:
+    files = ControlFiles(
+        StatePaths(tmp_path), "job-1", 3, 1.0, slurm_job_id="41", restart_count=2,
+        hostnames=("rtx-1", "rtx-2"),
+    )  # fmt: skip
+    run = {"slurm_job_id": "41", "slurm_restart_count": 2, "nodes": 2, "gpus": 2}
+    assert not files.supersedes(assignment(5, node_list=("rtx-2", "rtx-1"), **run))  # a rebatch
+    assert not files.supersedes(assignment(5, node_list=(), **run))
+    assert not files.supersedes(assignment(5))  # names no run
+    assert files.supersedes(assignment(5, node_list=("a100-1", "a100-2"), **run))
+    assert files.supersedes(assignment(5, **{**run, "slurm_restart_count": 3}))
+    standalone = ControlFiles(StatePaths(tmp_path), "job-1", 3, 1.0, slurm_job_id="",
+                              restart_count=0)  # fmt: skip
+    assert not standalone.supersedes(assignment(5, node_list=("a100-1", "a100-2"), **run))
+
+
 def test_polls_are_rate_limited_unless_woken() -> None:
     now = [100.0]
     files = ControlFiles(

@@ -16,6 +16,7 @@ from launcher.grant import (
     await_grant,
     check_allocation,
 )
+from launcher.jobenv import JobEnvironment
 from launcher.launch import (
     STALE_SLURM_VARIABLES,
     job_environment,
@@ -197,7 +198,9 @@ def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path)
     config = load_config(config_path)
     spec = JobSpec(sia_id="s1-abcd", app="cifar10", init_batch_size=0, command=("t.py",))
     environ = SLURM | {name: "9" for name in STALE_SLURM_VARIABLES} | {"SIA_LINGER_S": "5"}
-    job = job_environment(spec, assignment(), SlurmAllocation.from_env(SLURM), config, environ)
+    allocation, hostnames = SlurmAllocation.from_env(SLURM), ["rtx-1", "rtx-2"]
+    job = job_environment(spec, assignment(), allocation, config, environ, hostnames)
+    assert JobEnvironment.from_env(job.to_env()).hostnames == ("rtx-1", "rtx-2")  # the run's
     assert (job.gpu_type, job.profile_gpu_type, job.gpus, job.local_bsz) == ("rtx", "rtx", 4, 6)
     assert (job.init_batch_size, job.max_batch_size) == (128, 4096)  # cifar10's profile
     assert job.checkpoint_dir == config.state_dir / "jobs" / "s1-abcd" / "checkpoints"

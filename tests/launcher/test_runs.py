@@ -75,6 +75,22 @@ def test_a_run_is_superseded_only_by_an_assignment_for_another_run(tmp_path: Pat
         assert successor is not None and successor.round_index == 9
 
 
+def test_a_run_is_superseded_by_its_own_identity_on_other_nodes(tmp_path: Path) -> None:
+    """A slurmctld killed right after a launch comes back from the state it saved before and
+    launches the same job id and restart count again, elsewhere (seen on 24.11): the run on
+    the first nodes must take the new assignment for another run's, not for a rebatch."""
+    paths = StatePaths(tmp_path)
+    run, here = ("41", 1), ("rtx-1", "rtx-2")
+    write_document(paths.assignment("s1-abcd"), assignment(node_list=("rtx-2", "rtx-1")))
+    assert superseded_by(paths, "s1-abcd", *run, here) is None  # this run, listed in any order
+    write_document(paths.assignment("s1-abcd"), assignment(node_list=()))
+    assert superseded_by(paths, "s1-abcd", *run, here) is None  # no nodes named: proves nothing
+    elsewhere = assignment(round_index=9, node_list=("a100-1", "a100-2"))
+    write_document(paths.assignment("s1-abcd"), elsewhere)
+    assert superseded_by(paths, "s1-abcd", *run) is None  # a run that does not know its nodes
+    assert superseded_by(paths, "s1-abcd", *run, here) == elsewhere
+
+
 def test_a_run_left_behind_exits_once_its_successor_trains(tmp_path: Path) -> None:
     """Its exit is the Slurm job's completion: sent while the requeued job still waits, Slurm
     completes the pending job with it; once the successor runs on another node, Slurm refuses
@@ -84,14 +100,15 @@ def test_a_run_left_behind_exits_once_its_successor_trains(tmp_path: Path) -> No
     paths.job_dir("s1-abcd").mkdir(parents=True)
     successor = assignment(round_index=9, slurm_restart_count=2)  # job 41 run 2
     now = [0.0]
-    reports = {3.0: ("41", 1), 5.0: ("41", 2)}  # the old run's last report, then the new one
+    # The old run's last report (its round 7), then the new run's.
+    reports = {3.0: ("41", 1, 7), 5.0: ("41", 2, 9)}
 
     def sleep(seconds: float) -> None:
         now[0] += seconds
         if now[0] in reports:
-            job_id, restarts = reports[now[0]]
+            job_id, restarts, round_index = reports[now[0]]
             report = MetricsReport(
-                "s1-abcd", now[0], "rtx", 2, 4, 6, 1, 0.5, 0.1, 1.0, 1.0,
+                "s1-abcd", now[0], "rtx", 2, 4, 6, 1, 0.5, 0.1, 1.0, 1.0, round_index=round_index,
                 slurm_job_id=job_id, slurm_restart_count=restarts,
             )  # fmt: skip
             write_document(paths.metrics("s1-abcd"), report)
@@ -106,6 +123,10 @@ def test_a_run_left_behind_exits_once_its_successor_trains(tmp_path: Path) -> No
     paths.metrics("s1-abcd").unlink()
     assert not wait(limit=4.0) and now[0] == 4.0  # no successor report: the time limit
     assert not wait(terminated=True) and now[0] == 0.0  # Slurm's SIGTERM: at once
+    # A successor with this run's own identity (on other nodes): told apart by its round.
+    successor = assignment(round_index=9, node_list=("a100-1", "a100-2"))  # job 41 run 1
+    reports = {3.0: ("41", 1, 7), 5.0: ("41", 1, 9)}
+    assert wait() and now[0] == 5.0
 
 
 # ------------------------------------------------------------------------------------------------
