@@ -18,6 +18,7 @@ its own ``SIA_TEST_PORT_BASE``.
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -40,6 +41,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_report_header() -> str:
     return f"real-Slurm tests: SIA_TEST_SLURM={TEST_SLURM}, SIA_TEST_PORT_BASE={TEST_PORT_BASE}"
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """A trainer built in this process installs SIGTERM/SIGINT/SIGUSR1 handlers that only set
+    flags; left in place they outlive the test, and every process the suite forks later
+    inherits them (the CPU spinners of tests/slurm/test_relaunch_live.py then ignored
+    ``terminate()`` and spun their whole 600 s, loading both cores for 8 minutes more)."""
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    before = {number: signal.getsignal(number) for number in numbers}
+    yield
+    for number, handler in before.items():
+        signal.signal(number, handler)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ rule (a start time in the past, as ``StartTime=now``) the same test failed at re
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ RELAUNCHES = 20
 
 
 def _spin(seconds: float) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler inherited from the suite
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         pass
@@ -44,7 +46,7 @@ def cpu_load() -> Iterator[None]:
         yield
     finally:
         for spinner in spinners:
-            spinner.terminate()
+            spinner.kill()
             spinner.join()
 
 
