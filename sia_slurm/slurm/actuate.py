@@ -61,6 +61,7 @@ from sia_slurm.slurm.commands import Shape
 from sia_slurm.slurm.jobfiles import DocumentCache
 from sia_slurm.slurm.jsonparse import SlurmJob
 from sia_slurm.slurm.managed import ManagedJob, under_controller_hold
+from sia_slurm.slurm.rebatch import rebatch
 from sia_slurm.slurm.resubmit import ResubmissionError, must_resubmit, resubmit
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 from sia_slurm.slurm.waits import Waits
@@ -523,37 +524,11 @@ class Actuator:
         except ProtocolError as exc:
             book.fail(action, f"cannot read the current assignment: {exc}")
             return
-        if current is None:
-            book.fail(action, "no assignment to change: the job was not started by sia-slurm")
-            return
-        if current.round_index > action.round_index:
-            book.fail(action, f"superseded by the assignment of round {current.round_index}")
-            return
-        batch = (action.batch.batch_size, action.batch.local_bsz, action.batch.accum_steps)
-        if current.round_index == action.round_index and batch == (
-            current.batch_size,
-            current.local_bsz,
-            current.accum_steps,
-        ):
-            book.ok(action, "batch already set")
-            return
-        if not managed.current.holds_gpus:
-            book.fail(action, f"Slurm job {managed.current.job_id} is {managed.current.state}")
-            return
-        try:
-            updated = replace(
-                current,
-                round_index=action.round_index,
-                batch_size=batch[0],
-                local_bsz=batch[1],
-                accum_steps=batch[2],
-            )
-        except ProtocolError as exc:
-            book.fail(action, f"bad batch: {exc}")
-            return
-        write_document(path, updated)
-        self.documents.forget(path)
-        book.ok(action, f"batch {batch[0]} ({batch[1]} per GPU, {batch[2]} extra micro-batches)")
+        outcome = rebatch(current, action, managed.current)
+        if outcome.assignment is not None:
+            write_document(path, outcome.assignment)
+            self.documents.forget(path)
+        (book.ok if outcome.ok else book.fail)(action, outcome.message)
 
     # ------------------------------------------------------------------------------------------
     # Helpers

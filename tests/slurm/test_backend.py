@@ -693,6 +693,11 @@ def test_rebatch_rewrites_only_the_assignment(fake_slurm: Any) -> None:
     assert not stale.ok and "superseded by the assignment of round 2" in stale.message
     bad = backend.apply([Rebatch("a", 3, BatchChoice(100, 32, 0))])[0]
     assert not bad.ok and "batch_size" in bad.message
+    replay = backend.apply([Rebatch("a", 2, BatchChoice(128, 32, 1))])[0]  # after a crash
+    assert replay.ok and replay.message == "batch already set"
+    fake_slurm.job(job_id)["job_state"] = "PENDING"
+    pending = backend.apply([Rebatch("a", 3, BatchChoice(64, 32, 0))])[0]
+    assert not pending.ok and f"Slurm job {job_id} is PENDING" in pending.message
 
 
 def test_one_bad_action_does_not_stop_the_others(fake_slurm: Any) -> None:
