@@ -39,13 +39,6 @@ class GradientStats:
                 raise ValueError(f"{name}: expected a finite number, got {value!r}")
             object.__setattr__(self, name, max(float(value), 0.0))
 
-    @property
-    def noise_scale(self) -> float:
-        """phi = M0-normalised gradient noise scale ``grad_var / grad_sqr`` (inf if no signal)."""
-        if self.grad_sqr > 0:
-            return self.grad_var / self.grad_sqr
-        return float("inf") if self.grad_var > 0 else 0.0
-
 
 # Before a job has measured anything, assume no benefit from larger batches (phi = 0): the
 # optimiser then keeps the batch near M0, the conservative choice Pollux also starts from.

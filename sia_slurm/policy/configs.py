@@ -19,10 +19,6 @@ from sia_slurm.core import Configuration
 from sia_slurm.policy.base import ClusterView, GpuTypeView
 
 
-def is_power_of_two(value: int) -> bool:
-    return value >= 1 and value & (value - 1) == 0
-
-
 def virtual_node_size(gpus_per_node: int) -> int:
     """The largest power of two dividing ``gpus_per_node`` (the node itself if a power of two)."""
     return gpus_per_node & -gpus_per_node

@@ -24,9 +24,6 @@ class NodeLedger:
         self._type = {node.name: node.gpu_type for node in cluster.nodes}
         self._order = {node.name: i for i, node in enumerate(cluster.nodes)}
 
-    def free_gpus(self, gpu_type: str) -> int:
-        return sum(free for node, free in self._free.items() if self._type[node] == gpu_type)
-
     def take(
         self, config: Configuration, keep: Iterable[NodeShare] = ()
     ) -> tuple[NodeShare, ...] | None:

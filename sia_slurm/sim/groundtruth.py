@@ -202,11 +202,6 @@ class GroundTruth:
             sources=MappingProxyType(dict(sorted(sources.items()))),
         )
 
-    @property
-    def measured_shapes(self) -> tuple[Shape, ...]:
-        """Every measured ``(nodes, gpus)``, sorted."""
-        return tuple(self.curves)
-
     def local_bsz_range(self, nodes: int, gpus: int) -> tuple[float, float]:
         """Smallest and largest measured per-GPU batch over the shapes ``(nodes, gpus)`` uses."""
         used = [self.curves[s].local_bsz for s, _ in self.derivation(nodes, gpus)]
