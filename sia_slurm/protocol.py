@@ -294,12 +294,16 @@ class MetricsReport:
     round_index: int = 0
     slurm_job_id: str = ""
     slurm_restart_count: int = 0
+    node_list: tuple[str, ...] = ()
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         check_sia_id(self.sia_id)
+        object.__setattr__(self, "node_list", tuple(self.node_list))
         if self.slurm_restart_count < 0:
             raise ProtocolError("slurm_restart_count: expected an integer >= 0")
+        if self.node_list and len(self.node_list) != self.nodes:
+            raise ProtocolError(f"node_list: {len(self.node_list)} names for nodes={self.nodes}")
         if self.nodes < 1 or self.gpus < self.nodes:
             raise ProtocolError(
                 f"nodes, gpus: expected 1 <= nodes <= gpus, got {self.nodes}, {self.gpus}"

@@ -105,6 +105,7 @@ class MetricsReporter:
             round_index=round_index,
             slurm_job_id=self.env.slurm_job_id,
             slurm_restart_count=self.env.restarts,
+            node_list=self.env.hostnames,
         )
         try:
             write_document(self.paths.metrics(self.env.sia_id), report)

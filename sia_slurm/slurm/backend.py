@@ -212,7 +212,9 @@ class SlurmBackend:
                     raise ProtocolError(
                         f"{directory.where('spec.json')}: sia_id is {spec.sia_id!r}"
                     )
-                report, reported = self.inbox.read(sia_id, directory, managed.run, rejected)
+                report, reported = self.inbox.read(
+                    sia_id, directory, managed.run, rejected, managed.current.nodes
+                )
                 acked = stop is not None and directory.has_own_file(
                     ack_name(stop.round_index, job.job_id, job.restart_count)
                 )

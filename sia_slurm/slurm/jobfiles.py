@@ -19,7 +19,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -116,9 +116,17 @@ class MetricsInbox:
         self._taken: dict[str, tuple[RunId, float]] = {}
 
     def read(
-        self, sia_id: str, directory: JobDirectory, run: RunId, rejected: list[str]
+        self,
+        sia_id: str,
+        directory: JobDirectory,
+        run: RunId,
+        rejected: list[str],
+        nodes: Sequence[str] = (),
     ) -> tuple[MetricsReport | None, bool]:
-        """``(a new report of ``run``, whether ``run`` has reported at all)``."""
+        """``(a new report of ``run``, whether ``run`` has reported at all)``. ``nodes``: the
+        run's nodes as Slurm says; a report from other nodes is another run's, even with this
+        run's identity (Assignment.hands_over: a slurmctld restarted from older state can
+        launch one identity twice)."""
         info = directory.stat(METRICS_FILE)
         if info is None:
             self._drop(sia_id)
@@ -134,6 +142,8 @@ class MetricsInbox:
         report = self._valid.get(sia_id)
         if report is None or RunId(report.slurm_job_id, report.slurm_restart_count) != run:
             return None, False  # none yet from this run (the last run's file is still there)
+        if report.node_list and nodes and sorted(report.node_list) != sorted(nodes):
+            return None, False  # this identity's run elsewhere (left behind, soon killed)
         taken_run, taken_time = self._taken.get(sia_id, (run, -math.inf))
         if taken_run != run or report.time > taken_time:
             self._taken[sia_id] = (run, report.time)

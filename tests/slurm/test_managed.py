@@ -163,10 +163,12 @@ def job_dir(tmp_path: Path) -> Path:
     return directory
 
 
-def read(inbox: MetricsInbox, job_dir: Path, run: RunId) -> tuple[Any, bool, list[str]]:
+def read(
+    inbox: MetricsInbox, job_dir: Path, run: RunId, nodes: tuple[str, ...] = ()
+) -> tuple[Any, bool, list[str]]:
     rejected: list[str] = []
     with JobDirectory(job_dir.parent, "a", os.geteuid()) as directory:
-        report, reported = inbox.read("a", directory, run, rejected)
+        report, reported = inbox.read("a", directory, run, rejected, nodes)
     return report, reported, rejected
 
 
@@ -193,6 +195,22 @@ def test_the_inbox_takes_a_report_of_the_current_run_once(job_dir: Path) -> None
     assert read(inbox, job_dir, second) == (None, True, [])
     write_document(job_dir / "metrics.json", metrics(480.0, second))
     assert read(inbox, job_dir, second)[0] == metrics(480.0, second)
+
+
+def test_a_report_of_this_runs_identity_from_other_nodes_is_not_this_runs(
+    job_dir: Path,
+) -> None:
+    """slurmctld, restarted from state saved before a launch, launched the same identity a
+    second time elsewhere: the run on the first nodes, until Slurm kills it, is not this run."""
+    inbox = MetricsInbox(("rtx", "t4"))
+    run, here = RunId("57", 3), ("a100-1", "a100-2")
+    elsewhere = replace(metrics(500.0, run), nodes=2, gpus=2, node_list=("rtx-1", "rtx-2"))
+    write_document(job_dir / "metrics.json", elsewhere)
+    assert read(inbox, job_dir, run, here) == (None, False, [])
+    assert read(inbox, job_dir, run)[0] == elsewhere  # nodes unknown: the identity decides
+    mine = replace(elsewhere, time=510.0, node_list=("a100-2", "a100-1"))
+    write_document(job_dir / "metrics.json", mine)
+    assert read(inbox, job_dir, run, here)[0] == mine
 
 
 def test_the_inbox_says_a_bad_file_once_per_version(job_dir: Path) -> None:
