@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,12 @@ from sia_slurm.config import parse_config
 from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_config
 from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.cluster import DevCluster, DevClusterError, find_binaries
-from sia_slurm.devcluster.render import ClusterLayout, render_gres_conf, render_slurm_conf
+from sia_slurm.devcluster.render import (
+    ClusterLayout,
+    PowerSavingConfig,
+    render_gres_conf,
+    render_slurm_conf,
+)
 from sia_slurm.slurm.inventory import parse_records
 
 LAYOUT = ClusterLayout(root=Path("/srv/dev"), hostname="box", user="root", port_base=7000)
@@ -194,3 +200,19 @@ def test_cli_up_passes_the_slurm_user(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "SlurmUser 'sia-no-such-user' does not exist" in result.output
+
+
+def test_power_saving_is_off_unless_asked_and_then_only_on_the_nodes_named() -> None:
+    spec = DevClusterSpec.parse("a100:2x4,t4:1x2")
+    normal = render_slurm_conf(spec, LAYOUT)
+    assert not [line for line in normal.splitlines() if line.startswith(("Suspend", "Resume"))]
+    layout = replace(LAYOUT, power_saving=PowerSavingConfig(("a100-2",), resume_timeout_s=4))
+    records = {k: v for r in parse_records(render_slurm_conf(spec, layout)) for k, v in r.items()}
+    assert records["ResumeProgram"] == str(layout.resume_program)
+    assert records["SuspendProgram"] == str(layout.suspend_program)
+    assert records["SuspendExcNodes"] == "a100-1,t4-1"
+    assert records["ResumeTimeout"] == "4"
+    # Not INFINITE (power saving on), and longer than any test: Slurm powers nothing down.
+    assert int(records["SuspendTime"]) >= 3600
+    with pytest.raises(ValueError, match=r"\['rtx-1'\] are not in a100:2x4,t4:1x2"):
+        render_slurm_conf(spec, replace(LAYOUT, power_saving=PowerSavingConfig(("rtx-1",))))

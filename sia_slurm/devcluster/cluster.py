@@ -58,8 +58,10 @@ from sia_slurm.devcluster.process import (
 )
 from sia_slurm.devcluster.render import (
     ClusterLayout,
+    PowerSavingConfig,
     render_cgroup_conf,
     render_gres_conf,
+    render_power_program,
     render_prolog,
     render_slurm_conf,
 )
@@ -101,6 +103,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         slurm: str = SYSTEM,
         roots_dir: Path | None = None,
         accounting: acct.AccountingSpec | None = None,
+        power_saving: PowerSavingConfig | None = None,
     ):
         """``slurm``: ``system`` (the host's Slurm) or a release with a Debian root
         (``24.11``, ``26.05``), built into ``roots_dir`` (default: ``$SIA_SLURM_ROOTS`` or
@@ -108,7 +111,8 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         drops to (SlurmUser); None keeps the invoking user, as before service accounts
         existed. The account must exist when ``up`` runs.
         ``slurmd_timeout_s``: Slurm's SlurmdTimeout (a node whose slurmd is gone is DOWN
-        after it, :class:`ClusterLayout`)."""
+        after it, :class:`ClusterLayout`). ``power_saving``: Slurm's power saving on some
+        nodes, whose boots always fail (:class:`PowerSavingConfig`); None, as normally."""
         root = Path(root).absolute()
         self.layout = ClusterLayout(
             root=root,
@@ -118,6 +122,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
             cred_expire_s=cred_expire_s,
             slurm_user=slurm_user,
             slurmd_timeout_s=slurmd_timeout_s,
+            power_saving=power_saving,
         )
         self._log = log or (lambda message: None)
         self._slurm = slurm
@@ -371,6 +376,12 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
             (layout.gres_conf, render_gres_conf(spec, layout)),
             (layout.prolog, render_prolog(layout)),
         ]
+        scripts = (layout.prolog, layout.resume_program, layout.suspend_program)
+        for path in scripts[1:]:
+            path.unlink(missing_ok=True)
+        if layout.power_saving is not None:
+            files.append((layout.resume_program, render_power_program("ResumeProgram")))
+            files.append((layout.suspend_program, render_power_program("SuspendProgram")))
         layout.cgroup_conf.unlink(missing_ok=True)
         if programs.release != SYSTEM:  # 24.11 and 26.05 (render_cgroup_conf says why)
             files.append((layout.cgroup_conf, render_cgroup_conf()))
@@ -385,7 +396,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         for path, text in files:
             path.write_text(text)
             # Every client and SlurmUser read these; a umask of 077 must not hide them.
-            os.chmod(path, 0o755 if path == layout.prolog else 0o644)
+            os.chmod(path, 0o755 if path in scripts else 0o644)
         layout.prolog_failure.parent.mkdir(exist_ok=True)
         layout.prolog_failure.unlink(missing_ok=True)
         if account is not None:

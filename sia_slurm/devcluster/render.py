@@ -39,6 +39,8 @@ class ClusterLayout:
     # 16 s and 28 s; MessageTimeout dominates). A slurmd merely slowed by a loaded machine
     # answers a ping in milliseconds, far inside it.
     slurmd_timeout_s: int = 10
+    # Slurm's power saving on some nodes (a test of boots that fail); None: none, as always.
+    power_saving: PowerSavingConfig | None = None
 
     @property
     def controller_user(self) -> str:
@@ -68,6 +70,16 @@ class ClusterLayout:
         Slurm drains that node ("Prolog error") and requeues the job held
         (``launch_failed_requeued_held``), as a broken node's prolog does."""
         return self.root / "faults" / "prolog-fail"
+
+    @property
+    def resume_program(self) -> Path:
+        """Slurm's ``ResumeProgram`` (with :attr:`power_saving`): boots nothing."""
+        return self.root / "etc" / "resume.sh"
+
+    @property
+    def suspend_program(self) -> Path:
+        """Slurm's ``SuspendProgram`` (with :attr:`power_saving`): powers nothing down."""
+        return self.root / "etc" / "suspend.sh"
 
     @property
     def bin_dir(self) -> Path:
@@ -118,6 +130,24 @@ class ClusterLayout:
 
     def gpu_files(self, node: str, count: int) -> list[Path]:
         return [self.gpu_dir / f"{node}-nvidia{i}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class PowerSavingConfig:
+    """Slurm's power saving on ``nodes`` (every other node is in SuspendExcNodes), for tests
+    of a node that fails to boot. Slurm powers nothing down by itself within a test
+    (:func:`power_saving_lines`); a test powers a node down with ``scontrol update
+    NodeName=X State=POWER_DOWN_FORCE`` (POWERED_DOWN SuspendTimeout later, give or take
+    slurmctld's power-save pass) and kills its slurmd (:meth:`DevCluster.kill_slurmd`): the
+    power is off. When Slurm allocates the node to a job it runs ResumeProgram, which boots
+    nothing, and ResumeTimeout later (plus up to ~10 s) sets the node DOWN ("ResumeTimeout
+    reached") and requeues the job (docs/slurm-actuation.md, "A node that fails to boot").
+    A node left "powered down" with its slurmd running is taken back by Slurm's next ping
+    after the failed boot (ReturnToService=2) and reads IDLE+POWERED_DOWN again."""
+
+    nodes: tuple[str, ...]
+    resume_timeout_s: int = 5
+    suspend_timeout_s: int = 1
 
 
 # A hidden partition over every node whose jobs preempt (requeue) the managed partitions'.
@@ -176,6 +206,7 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         # partition below is the only higher tier; nothing uses it unless asked.
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
+        *power_saving_lines(spec, layout),
     ]
     index = 0
     for group in spec.groups:
@@ -233,5 +264,39 @@ def render_prolog(layout: ClusterLayout) -> str:
         "#!/bin/sh\n"
         "# Written by `sia-slurm dev-cluster up`: one job launch fails per fail_next_prolog().\n"
         f'mv "{failure}" "{failure}.taken.$SLURM_JOB_ID" 2>/dev/null && exit 1\n'
+        "exit 0\n"
+    )
+
+
+def power_saving_lines(spec: DevClusterSpec, layout: ClusterLayout) -> list[str]:
+    """slurm.conf's power saving lines for :attr:`ClusterLayout.power_saving` (none without).
+
+    SuspendTime (any value but INFINITE turns power saving on) is an hour, longer than any
+    test: Slurm powers no node down by itself; a test does (``State=POWER_DOWN_FORCE``).
+    Every node not named is in SuspendExcNodes."""
+    power = layout.power_saving
+    if power is None:
+        return []
+    unknown = sorted(set(power.nodes) - set(spec.node_names()))
+    if unknown or not power.nodes:
+        raise ValueError(f"power saving: nodes {unknown or '(none)'} are not in {spec}")
+    excluded = [node for node in spec.node_names() if node not in power.nodes]
+    return [
+        f"SuspendProgram={layout.suspend_program}",
+        f"ResumeProgram={layout.resume_program}",
+        "SuspendTime=3600",
+        f"SuspendTimeout={power.suspend_timeout_s}",
+        f"ResumeTimeout={power.resume_timeout_s}",
+        *([f"SuspendExcNodes={','.join(excluded)}"] if excluded else []),
+    ]
+
+
+def render_power_program(kind: str) -> str:
+    """SuspendProgram / ResumeProgram (``kind``): both do nothing and succeed. A node
+    "powered down" keeps its slurmd; "resumed", that slurmd registers with the host's boot
+    time, older than the resume request, so Slurm never takes the node as booted."""
+    return (
+        "#!/bin/sh\n"
+        f"# Written by `sia-slurm dev-cluster up`: the {kind} of a fake power saving.\n"
         "exit 0\n"
     )

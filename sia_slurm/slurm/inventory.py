@@ -19,7 +19,11 @@ from sia_slurm.slurm.runner import CommandRunner
 # without them in the key pattern, Partition= swallowed "a100 AllocNode:Sid=0.0.0.0:25238".
 _FIELD_START = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 _GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[A-Za-z0-9_.\-]+))?:(?P<count>\d+)")
-# Node states in which the node's GPUs are no capacity for the policy.
+# Node states in which the node's GPUs are no capacity for the policy. A node powered down by
+# Slurm's power saving (IDLE+POWERED_DOWN) is capacity: Slurm boots it for the job it
+# allocates it to; while it boots (POWERING_UP) it is NOT_RESPONDING, and that is expected. One
+# about to power down (POWER_DOWN) or powering down is no capacity: Slurm starts nothing there.
+# A boot that fails sets it DOWN (docs/slurm-actuation.md, "A node that fails to boot").
 _UNUSABLE_STATES = (
     "DOWN",
     "DRAIN",
@@ -27,7 +31,8 @@ _UNUSABLE_STATES = (
     "INVAL",
     "MAINT",
     "NOT_RESPONDING",
-    "POWERED_DOWN",
+    "POWER_DOWN",
+    "POWERING_DOWN",
     "FUTURE",
     "UNKNOWN",
     "RESERVED",
@@ -59,8 +64,10 @@ class NodeInfo:
     @property
     def usable(self) -> bool:
         """False when the node is down, drained, reserved or otherwise not schedulable."""
-        flags = re.split(r"[+*~#!%$@^-]", self.state.upper())
-        return not any(flag in _UNUSABLE_STATES for flag in flags)
+        flags = set(re.split(r"[+*~#!%$@^-]", self.state.upper()))
+        if "POWERING_UP" in flags:
+            flags.discard("NOT_RESPONDING")
+        return not flags & set(_UNUSABLE_STATES)
 
     def gpus(self, gpu_type: str | None = None) -> int:
         """GPUs on the node, of ``gpu_type`` only when given."""

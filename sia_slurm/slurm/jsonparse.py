@@ -4,9 +4,10 @@
 reader here accepts all the forms seen so far. Captured from real daemons (22.05.8, 24.11.5,
 26.05.5: ``tests/fixtures/slurm-<release>/``, ``scripts/capture_slurm_fixtures.py``):
 
-* ``job_state``: a string on 22.05 (``"RUNNING"``; a completing job is ``"COMPLETING"`` alone),
-  a list of a base state and flags on 24.11 and 26.05 (``["CANCELLED", "COMPLETING"]``);
-  documented as a list from 23.11 on;
+* ``job_state``: a string on 22.05 (``"RUNNING"``; a completing job is ``"COMPLETING"`` alone,
+  one whose powered-down nodes boot ``"CONFIGURING"`` alone), a list of a base state and flags
+  on 24.11 and 26.05 (``["CANCELLED", "COMPLETING"]``, ``["RUNNING", "CONFIGURING",
+  "POWER_UP_NODE"]``); documented as a list from 23.11 on;
 * numbers (``priority``, ``submit_time``, ``node_count``, ``time_limit``...): plain on 22.05,
   ``{"set": true, "infinite": false, "number": 5}`` on 24.11 and 26.05; ``job_id``,
   ``user_id``, ``restart_cnt`` stay plain numbers on all three;
@@ -270,6 +271,8 @@ def job_state(value: Any) -> tuple[str, tuple[str, ...]]:
         return base[0], flags
     if "COMPLETING" in flags:  # 22.05 prints a completing job's state as COMPLETING alone
         return "COMPLETING", flags
+    if "CONFIGURING" in flags:  # 22.05: a job allocated nodes that boot (RUNNING on 24.11 on)
+        return "RUNNING", flags
     raise SlurmParseError(f"job_state: no known base state in {value!r}")
 
 

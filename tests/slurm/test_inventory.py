@@ -88,6 +88,17 @@ def test_bad_gres_names_the_text() -> None:
         ("IDLE+RESERVED", False),
         ("IDLE+MAINT", False),
         ("DOWN+NOT_RESPONDING", False),
+        # Slurm's power saving, as the dev cluster's showed them (22.05, 24.11, 26.05): a
+        # powered-down node is booted for the job Slurm allocates it, and is NOT_RESPONDING
+        # while it boots; one about to power down is not; a failed boot leaves it DOWN.
+        ("IDLE+POWERED_DOWN", True),
+        ("MIXED+POWERED_DOWN", True),
+        ("MIXED+NOT_RESPONDING+POWERING_UP", True),
+        ("IDLE+POWER_DOWN", False),
+        ("IDLE+POWERING_DOWN", False),
+        ("IDLE+DRAIN+POWERED_DOWN", False),
+        ("DOWN+POWERED_DOWN+NOT_RESPONDING", False),
+        ("DOWN+POWERED_DOWN", False),
     ],
 )
 def test_usable_states(state: str, usable: bool) -> None:

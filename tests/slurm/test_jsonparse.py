@@ -158,6 +158,11 @@ def test_tres_gpus(text: str, gpus: int) -> None:
 def test_gres_detail_and_states() -> None:
     assert gres_detail_gpus(["gpu:rtx:3(IDX:0-2)", "gpu:2(IDX:0-1),shard:0"]) == (3, 2)
     assert job_state("COMPLETING") == ("COMPLETING", ("COMPLETING",))  # 22.05's completing
+    # A job allocated a powered-down node while it boots (seen on the dev cluster's power
+    # saving): 22.05 prints CONFIGURING alone, 24.11 and 26.05 RUNNING with flags.
+    assert job_state("CONFIGURING") == ("RUNNING", ("CONFIGURING",))
+    booting = ["RUNNING", "CONFIGURING", "POWER_UP_NODE"]
+    assert job_state(booting) == ("RUNNING", ("CONFIGURING", "POWER_UP_NODE"))
     assert job_state(["PENDING", "REQUEUE_HOLD"]) == ("PENDING", ("REQUEUE_HOLD",))
     assert number({"set": False, "infinite": False, "number": 0}) is None
     assert number(7) == 7
