@@ -37,6 +37,7 @@ import errno
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -254,8 +255,11 @@ def _read_training(path: Path) -> TrainingRecord | None:
         return None
 
 
-# Node states in which a node cannot be running the job's tasks any more.
-_DEAD_NODE = ("DOWN", "NOT_RESPONDING", "FAIL", "POWER", "REBOOT")
+# Node states in which a node cannot be running the job's tasks any more. Not POWER_DOWN: a
+# busy node an administrator asked to power down once idle reads MIXED+POWER_DOWN and runs its
+# jobs on (seen on 22.05; POWER_DOWN_FORCE requeues them: the job is then no longer RUNNING).
+_DEAD_NODE = frozenset({"DOWN", "NOT_RESPONDING", "FAIL", "FAILING", "POWERING_DOWN",
+                        "POWERED_DOWN", "REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED"})  # fmt: skip
 
 
 def slurm_ended(runner: CommandRunner, job_id: str, restart_count: int, node_list: str) -> str:
@@ -278,8 +282,14 @@ def slurm_ended(runner: CommandRunner, job_id: str, restart_count: int, node_lis
         reason = job.get("Reason", "?")
         return f"job {job_id} is {state} (reason {reason}, restarts {restarts})"
     dead = [f"{n.get('NodeName')} {n.get('State')}" for n in nodes
-            if any(word in n.get("State", "") for word in _DEAD_NODE)]  # fmt: skip
+            if _DEAD_NODE & _flags(n.get("State", ""))]  # fmt: skip
     return f"node {', '.join(dead)}" if dead else ""
+
+
+def _flags(state: str) -> set[str]:
+    """A node state's words (``DOWN*`` -> DOWN, NOT_RESPONDING; sinfo's other marks dropped),
+    so that POWER_DOWN is no DOWN."""
+    return set(re.split(r"[+~#!%$@^]", state.upper().replace("*", "+NOT_RESPONDING")))
 
 
 # ------------------------------------------------------------------------------------------------

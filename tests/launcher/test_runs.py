@@ -326,6 +326,10 @@ NODE_OK = "NodeName=t4-1 Arch=x86_64 CoresPerSocket=1 State=MIXED ThreadsPerCore
         (RUNNING.replace("Restarts=1", "Restarts=2"), NODE_OK, "restarts 2"),
         (RUNNING, NODE_OK.replace("MIXED", "DOWN+NOT_RESPONDING"), "node t4-1 DOWN+NOT_RESPONDING"),
         (RUNNING, NODE_OK.replace("MIXED", "IDLE+DRAIN"), ""),  # drained: it still runs jobs
+        # To be powered down once idle (22.05, `scontrol update State=POWER_DOWN`): runs on.
+        (RUNNING, NODE_OK.replace("MIXED", "MIXED+POWER_DOWN"), ""),
+        (RUNNING, NODE_OK.replace("MIXED", "IDLE+POWERED_DOWN"), "node t4-1 IDLE+POWERED_DOWN"),
+        (RUNNING, NODE_OK.replace("MIXED", "DOWN*"), "node t4-1 DOWN*"),
     ],
 )  # fmt: skip
 def test_slurm_says_when_it_ended_a_run_under_srun(job: str, nodes: str, said: str) -> None:
