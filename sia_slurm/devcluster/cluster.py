@@ -61,7 +61,7 @@ from sia_slurm.devcluster.render import (
     PowerSavingConfig,
     render_cgroup_conf,
     render_gres_conf,
-    render_power_program,
+    render_power_programs,
     render_prolog,
     render_slurm_conf,
 )
@@ -111,8 +111,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         drops to (SlurmUser); None keeps the invoking user, as before service accounts
         existed. The account must exist when ``up`` runs.
         ``slurmd_timeout_s``: Slurm's SlurmdTimeout (a node whose slurmd is gone is DOWN
-        after it, :class:`ClusterLayout`). ``power_saving``: Slurm's power saving on some
-        nodes, whose boots always fail (:class:`PowerSavingConfig`); None, as normally."""
+        after it, :class:`ClusterLayout`). ``power_saving``: on some nodes, boots fail."""
         root = Path(root).absolute()
         self.layout = ClusterLayout(
             root=root,
@@ -375,13 +374,8 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
             (layout.slurm_conf, render_slurm_conf(spec, layout)),
             (layout.gres_conf, render_gres_conf(spec, layout)),
             (layout.prolog, render_prolog(layout)),
+            *render_power_programs(layout),  # used only with power saving
         ]
-        scripts = (layout.prolog, layout.resume_program, layout.suspend_program)
-        for path in scripts[1:]:
-            path.unlink(missing_ok=True)
-        if layout.power_saving is not None:
-            files.append((layout.resume_program, render_power_program("ResumeProgram")))
-            files.append((layout.suspend_program, render_power_program("SuspendProgram")))
         layout.cgroup_conf.unlink(missing_ok=True)
         if programs.release != SYSTEM:  # 24.11 and 26.05 (render_cgroup_conf says why)
             files.append((layout.cgroup_conf, render_cgroup_conf()))
@@ -396,7 +390,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         for path, text in files:
             path.write_text(text)
             # Every client and SlurmUser read these; a umask of 077 must not hide them.
-            os.chmod(path, 0o755 if path in scripts else 0o644)
+            os.chmod(path, 0o755 if path.suffix == ".sh" else 0o644)
         layout.prolog_failure.parent.mkdir(exist_ok=True)
         layout.prolog_failure.unlink(missing_ok=True)
         if account is not None:

@@ -291,12 +291,14 @@ def power_saving_lines(spec: DevClusterSpec, layout: ClusterLayout) -> list[str]
     ]
 
 
-def render_power_program(kind: str) -> str:
-    """SuspendProgram / ResumeProgram (``kind``): both do nothing and succeed. A node
-    "powered down" keeps its slurmd; "resumed", that slurmd registers with the host's boot
-    time, older than the resume request, so Slurm never takes the node as booted."""
-    return (
-        "#!/bin/sh\n"
-        f"# Written by `sia-slurm dev-cluster up`: the {kind} of a fake power saving.\n"
-        "exit 0\n"
-    )
+def render_power_programs(layout: ClusterLayout) -> list[tuple[Path, str]]:
+    """ResumeProgram and SuspendProgram (in slurm.conf only with power saving): both do
+    nothing and succeed. A node "powered down" keeps its slurmd unless a test kills it;
+    "resumed", that slurmd would register with the host's boot time, older than the resume
+    request, so Slurm never takes the node as booted."""
+    return [
+        (path, f"#!/bin/sh\n# Written by `sia-slurm dev-cluster up`: the {kind} of a fake "
+         "power saving.\nexit 0\n")
+        for path, kind in ((layout.resume_program, "ResumeProgram"),
+                           (layout.suspend_program, "SuspendProgram"))
+    ]  # fmt: skip
