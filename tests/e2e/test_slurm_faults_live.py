@@ -50,6 +50,7 @@ from sia_slurm.protocol import JobSpec, StatePaths, exit_name, write_document  #
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.slurm.runner import CommandError  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
 from tests.accounts import SERVICE_ACCOUNT, TestAccounts  # noqa: E402
 from tests.e2e.test_controller_live import Site  # noqa: E402
@@ -195,7 +196,13 @@ class Faults:
 
     def reporting(self, sia_id: str, after: float = 0.0) -> dict[str, Any] | None:
         """The job's latest run, if it started after ``after`` and runs as assigned (it has
-        written a metrics report since it started and not ended)."""
+        written a metrics report since it started and not ended, and Slurm runs that very run
+        on those nodes). Slurm's word is needed: a slurmctld killed right after a launch comes
+        back from older state, with the job pending, while the run it launched goes on until
+        its nodes register (then Slurm kills it: "Registered PENDING JobId=J"); its start
+        event and report alone made a pending job look running (the 26.05 loaded run of
+        2026-11-26: the test then drained that run's nodes, and waited for a move of a job
+        the controller was starting)."""
         events = self.site.events(sia_id)
         starts = [e for e in events if e["event"] == "start" and e["time"] > after]
         if not starts or events[-1]["event"] in NOT_RUNNING:
@@ -206,9 +213,16 @@ class Faults:
             return None
         run = [report.get("slurm_job_id"), report.get("slurm_restart_count")]
         latest = starts[-1]
-        if run == latest["run"] and report["time"] > latest["time"]:
-            return latest
-        return None
+        if run != latest["run"] or report["time"] <= latest["time"]:
+            return None
+        try:
+            job = self.site.slurm_job(latest["run"][0])
+        except CommandError:  # slurmctld away (it is killed and started in these tests)
+            return None
+        slurm_run = (job.get("JobState"), job.get("Restarts"), job.get("NodeList"))
+        if slurm_run != ("RUNNING", str(latest["run"][1]), latest["node_list"]):
+            return None
+        return latest
 
     def settled(self, since: float) -> bool:
         """A round after ``since`` decided nothing and every job runs as assigned."""
