@@ -6,23 +6,23 @@ A script written for ``DistributedDataParallel`` keeps its loop and changes a fe
 instead of a DataLoader with a DistributedSampler, :func:`remaining_epochs` instead of
 ``range(epochs)``, and ``model.clip_grad_norm_`` for clipping.
 
-The public surface is small: :class:`ElasticTrainer` drives the loop (see its module for the
-four-line change a script makes); the pieces it is built from are usable on their own and are
-tested separately: :class:`ElasticSampler` (resumable data order), :class:`CheckpointManager`
+A script written around steps instead of a DataLoader can use :class:`ElasticTrainer`, a thin
+loop over the same parts (see its module). The pieces are usable on their own and are tested
+separately: :class:`ElasticSampler` (resumable data order), :class:`CheckpointManager`
 (crash-safe checkpoints), :class:`GradientNoise` (``grad_sqr``/``grad_var``),
 :class:`LRScaling` (AdaScale or square-root rule) and :class:`MetricsReporter`.
 """
 
 from launcher.elastic.checkpoint import CheckpointError, CheckpointManager
 from launcher.elastic.data import ElasticDataLoader
-from launcher.elastic.job import ElasticJob, ElasticJobError, current_job, init
+from launcher.elastic.job import Batch, ElasticJob, ElasticJobError, current_job, init
 from launcher.elastic.lr import RULES as LR_SCALING_RULES
 from launcher.elastic.lr import LRScaling
 from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.elastic.parallel import ElasticDataParallel
 from launcher.elastic.sampler import ElasticSampler, SamplerError, StepPlan
-from launcher.elastic.trainer import Batch, ElasticTrainer, Step, TrainerError
+from launcher.elastic.trainer import ElasticTrainer, Step, TrainerError
 from launcher.jobenv import JobEnvironment
 
 

@@ -25,7 +25,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from launcher.elastic.job import ElasticJob, ElasticJobError, MicroBatch, current_job
+from launcher.elastic.job import (
+    ElasticJob,
+    ElasticJobError,
+    MicroBatch,
+    current_job,
+    plan_micro_batches,
+)
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 
 logger = logging.getLogger(__name__)
@@ -134,22 +140,12 @@ class _StepSampler(Sampler[list[int]]):
         pending = self._loader._pending
         replicas = self._loader.job.replicas
         for plan in self._loader.plans():
-            count = len(plan.micro_batches)
-            for index, indices in enumerate(plan.micro_batches):
-                weight = len(indices) * replicas * count / plan.size
-                pending.append(MicroBatch(plan, index, 1.0 if plan.uniform else weight))
-                yield list(indices) if indices else [plan_first(plan)]
+            for micro in plan_micro_batches(plan, replicas):
+                pending.append(micro)
+                yield micro.indices
 
     def __len__(self) -> int:
         sampler = self._loader.sampler
         batch = self._loader.job.batch
         left = sampler.dataset_size - sampler.position
         return -(-left // batch.batch_size) * (batch.accum_steps + 1)
-
-
-def plan_first(plan: StepPlan) -> int:
-    """A valid dataset index for a padding micro-batch (its gradient weighs 0)."""
-    for micro in plan.micro_batches:
-        if micro:
-            return micro[0]
-    return 0

@@ -6,8 +6,10 @@ environment, checkpoints, metrics, the controller's files); :class:`ElasticDataP
 attach to it, and :meth:`ElasticJob.remaining_epochs` drives the epochs. The loader calls
 :meth:`ElasticJob.end_step` after the last micro-batch of each optimizer step: there the
 ranks agree, in one small all-reduce, on the step's gradient-noise sums and on the
-controller's requests (stop, rebatch, termination, a periodic checkpoint), exactly as
-:class:`~launcher.elastic.ElasticTrainer` does (``docs/protocol.md``, "Running").
+controller's requests (stop, rebatch, termination, a periodic checkpoint, a run left
+behind) (``docs/protocol.md``, "Running"). This is the job side's one implementation of
+that reliability: :class:`~launcher.elastic.ElasticTrainer` (the step loop) and the
+Lightning integration drive the same :class:`ElasticJob`.
 
 Rank 0 tells ``sia-launch`` through :class:`~launcher.runs.TrainingRecorder` that the run
 trained and how its process ended: ``completed`` only when :meth:`remaining_epochs` ran out,
@@ -38,7 +40,6 @@ from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.elastic.rng import load_rng_state, rng_state
 from launcher.elastic.sampler import ElasticSampler, StepPlan
-from launcher.elastic.trainer import Batch
 from launcher.jobenv import JobEnvironment
 from launcher.runs import TrainingRecorder
 
@@ -69,6 +70,15 @@ def current_job() -> ElasticJob:
 
 
 @dataclass(frozen=True)
+class Batch:
+    """A global batch and how it is split (``batch_size == replicas*local_bsz*(accum_steps+1)``)."""
+
+    batch_size: int
+    local_bsz: int
+    accum_steps: int
+
+
+@dataclass(frozen=True)
 class MicroBatch:
     """Where the loader is: micro-batch ``index`` of ``plan`` on this rank, and its weight
     ``n_rj * replicas * micro_count / step size`` (1 on a uniform step, 0 on padding)."""
@@ -84,6 +94,25 @@ class MicroBatch:
     @property
     def count(self) -> int:
         return len(self.plan.micro_batches)
+
+    @property
+    def indices(self) -> list[int]:
+        """The dataset indices to fetch: the micro-batch's, or one padding sample (weight 0)
+        where this rank's share of an uneven step is empty (DDP needs the same number of
+        forward/backward passes on every rank)."""
+        own = self.plan.micro_batches[self.index]
+        if own:
+            return list(own)
+        return [next((m[0] for m in self.plan.micro_batches if m), 0)]
+
+
+def plan_micro_batches(plan: StepPlan, replicas: int) -> list[MicroBatch]:
+    """The micro-batches of ``plan`` on this rank with their weights (module of MicroBatch)."""
+    count = len(plan.micro_batches)
+    return [
+        MicroBatch(plan, index, 1.0 if plan.uniform else len(m) * replicas * count / plan.size)
+        for index, m in enumerate(plan.micro_batches)
+    ]
 
 
 @dataclass
@@ -114,6 +143,7 @@ class ElasticJob:
         noise_decay: float = 0.95,
         control_interval: int = 4,
         install_signal_handlers: bool = True,
+        reporter: MetricsReporter | None = None,
     ):
         if control_interval < 1:
             raise ElasticJobError(f"control_interval: expected >= 1, got {control_interval}")
@@ -124,7 +154,7 @@ class ElasticJob:
         self.measuring = True  # whether this step's gradient-noise norms are taken
         self.noise = GradientNoise(self.env.init_batch_size, decay=noise_decay)
         self.checkpoints = CheckpointManager(self.env.checkpoint_dir, keep=checkpoint_keep)
-        self.reporter = MetricsReporter(self.env)
+        self.reporter = reporter if reporter is not None else MetricsReporter(self.env)
         self.files = ControlFiles.for_job(self.env)
         self.signals = SignalFlags()
         if install_signal_handlers:
@@ -178,6 +208,12 @@ class ElasticJob:
         self.model = model
         restored = self._checkpoint()
         return None if restored is None else restored[1]
+
+    @property
+    def restored_step(self) -> int | None:
+        """The step of the checkpoint this process resumed from (``None``: from scratch)."""
+        restored = self._checkpoint() if self.sampler is not None else None
+        return None if restored is None else restored[0]
 
     def _checkpoint(self) -> tuple[int, dict[str, Any]] | None:
         if self._loaded is False:
@@ -433,7 +469,13 @@ class ElasticJob:
     def obey_control(self) -> None:
         """Between steps: end the process on an agreed stop, termination or supersession."""
         if self._superseded_round is not None:
-            self._log("round %d runs elsewhere: exiting without a checkpoint", self.round)
+            self._log(
+                "the assignment of round %d is for another Slurm run; this run (%s.%d) was "
+                "left behind and exits without a checkpoint",
+                self._superseded_round,
+                self.env.slurm_job_id,
+                self.env.restarts,
+            )
             self._exit()
         if self._stop_round is not None:
             self._stop_for_controller(self._stop_round)
@@ -482,7 +524,7 @@ class ElasticJob:
     def _install_failure_hook(self) -> None:
         """A peer that dies during a termination fails a collective inside the user's
         ``backward``; rank 0 then checkpoints the last complete step (the optimizer has not
-        stepped) and the process exits 0, as the ElasticTrainer does."""
+        stepped) and the process exits 0."""
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
