@@ -100,11 +100,21 @@ class ElasticDataLoader:
                 yield data
                 if not micro.last:
                     continue
-                job.end_step(micro.plan)
+                job.finish_step()
                 job.obey_control()
                 if job.batch != batch or job.steps_exhausted():
                     break  # drop what the workers prefetched for the old batch
         job.obey_control()
+
+    def __len__(self) -> int:
+        """Micro-batches left in the epoch from the committed step on at the current batch (a
+        whole epoch once this one is done); a rebatch changes it."""
+        sampler, batch = self.sampler, self.job.batch
+        left = (
+            sampler.dataset_size if sampler.epoch_done else sampler.dataset_size - sampler.position
+        )
+        full, tail = divmod(left, batch.batch_size)  # the tail step: as few as fit (sampler.plan)
+        return full * (batch.accum_steps + 1) + -(-tail // (self.job.replicas * batch.local_bsz))
 
     def plans(self) -> Iterator[StepPlan]:
         """The steps from the committed position on, planned ahead for the workers."""
@@ -145,7 +155,4 @@ class _StepSampler(Sampler[list[int]]):
                 yield micro.indices
 
     def __len__(self) -> int:
-        sampler = self._loader.sampler
-        batch = self._loader.job.batch
-        left = sampler.dataset_size - sampler.position
-        return -(-left // batch.batch_size) * (batch.accum_steps + 1)
+        return len(self._loader)

@@ -178,6 +178,7 @@ class ElasticJob:
         self._stop_round: int | None = None
         self._terminate = False
         self._superseded_round: int | None = None
+        self.completed = False
         self._checkpoint_interval_s = checkpoint_interval_s
         self._last_checkpoint = time.monotonic()
         self._loaded: tuple[int, dict[str, Any]] | bool | None = False
@@ -198,7 +199,12 @@ class ElasticJob:
     # ---- parts attach; the newest checkpoint is read once, each part takes its own ---------
 
     def attach_sampler(self, sampler: ElasticSampler) -> None:
-        self.sampler = sampler
+        """Register the data order; the first one resumes at the checkpoint's position, a later
+        one (a loader made again, e.g. by Lightning's reloading) at the current one."""
+        previous, self.sampler = self.sampler, sampler
+        if previous is not None:
+            sampler.load_state_dict(previous.state_dict())
+            return
         restored = self._checkpoint()
         if restored is not None:
             sampler.load_state_dict(restored[1]["sampler"])
@@ -286,6 +292,13 @@ class ElasticJob:
         if micro.last:
             self._last_start = time.perf_counter()
         self.current = micro
+
+    def finish_step(self) -> None:
+        """End the current step if its last micro-batch has trained and nobody ended it yet
+        (the loader does when the next batch is asked for; a Lightning hook may be first)."""
+        micro = self.current
+        if micro is not None and micro.last:
+            self.end_step(micro.plan)
 
     def _syncs(self, step: int) -> bool:
         """Whether step ``step`` ends with a control all-reduce: every ``control_interval``-th
@@ -501,12 +514,24 @@ class ElasticJob:
         self._exit()
 
     def _complete(self) -> None:
+        self.complete()
+        self.leave_process_group()
+
+    def complete(self) -> None:
+        """Training ran to its end: the last statistics, report and checkpoint, and the run
+        recorded as ``completed``."""
         self._settle()  # the last step's statistics; its requests no longer matter
         if self.rank == 0:
             self._report()
         self.save_checkpoint()
         self._ended("completed")
+        self.completed = True
         self._log("training complete after %d steps", self.step)
+
+    def leave_process_group(self) -> None:
+        """Meet once more and tear the group down (every rank completes at the same step): a
+        rank that exited with gloo still up was seen to die with SIGABRT on a multi-node job,
+        and Slurm then records a trained job as FAILED."""
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

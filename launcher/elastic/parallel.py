@@ -188,8 +188,9 @@ class ElasticDataParallel(torch.nn.Module):
         real_step, real_zero_grad = optimizer.step, optimizer.zero_grad
 
         def step(*args: Any, **kwargs: Any) -> Any:
-            if job.accumulating:
-                return None
+            if job.accumulating:  # a closure (Lightning passes one) still runs forward/backward
+                closure = kwargs.get("closure", args[0] if args else None)
+                return None if closure is None else closure()
             factor = scaling.factor(job.batch.batch_size, job.noise)
             with scaling.applied(optimizer, factor):
                 return real_step(*args, **kwargs)
