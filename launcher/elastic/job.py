@@ -19,7 +19,6 @@ trained and how its process ended: ``completed`` only when :meth:`remaining_epoc
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import sys
@@ -119,15 +118,17 @@ def plan_micro_batches(plan: StepPlan, replicas: int) -> list[MicroBatch]:
 class StepStats:
     """What the hooks measured during one step (device tensors; read once, at its end)."""
 
-    micro_sqr: list[torch.Tensor] = field(default_factory=list)  # per micro-batch, local
-    local_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, before reduction
-    global_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, reduced
-    # one replica without accumulation: |g|^2 and g . g_previous per parameter
+    micro_sqr: list[torch.Tensor] = field(default_factory=list)  # local, as the loss scaled it
+    global_sqr: list[torch.Tensor] = field(default_factory=list)  # the reduced mean, unscaled
+    # one replica without accumulation: |g|^2 and g . g_previous per parameter, unscaled
     single_sqr: list[torch.Tensor] = field(default_factory=list)
     single_cross: list[torch.Tensor] = field(default_factory=list)
     step_index: int = -1
     sync_ready: float | None = None
     sync_done: float | None = None
+    forwarded: bool = False  # a forward pass went through the model wrapper
+    reduced: bool = False  # the reduced gradient was averaged and measured
+    scaled: bool = False  # the gradients still carry the GradScaler's scale
 
 
 class ElasticJob:
@@ -171,7 +172,7 @@ class ElasticJob:
         self.stats = StepStats()
         self.step_callbacks: list[Callable[[ElasticJob, StepPlan], None]] = []
         self.last_noise_sample: tuple[float, float, int, float] | None = None
-        self._previous: tuple[int, float, float, int] = (-2, 0.0, 1.0, 0)  # step, |g|^2, inv, M
+        self._previous: tuple[int, float, int] = (-2, 0.0, 0)  # step, |g|^2, M
         self._loss_scale: torch.Tensor | None = None
         self._in_flight: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None
         self._last_start: float | None = None
@@ -277,8 +278,8 @@ class ElasticJob:
             self.stats = StepStats(step_index=self.step)
             self.measuring = self._measured(self.step)
             if self.model is not None:
-                uneven = not micro.plan.uniform
-                self.model.arm_hooks(uneven or (self.measuring and micro.count > 1))
+                local = micro.count > 1 or self.replicas > 1  # local norms are the hooks'
+                self.model.arm_hooks(not micro.plan.uniform or (self.measuring and local))
             scaler = getattr(self.model, "scaler", None)
             if scaler is not None and scaler.is_enabled():
                 scale = scaler._get_scale_async()  # None before the first scaler.scale()
@@ -287,6 +288,7 @@ class ElasticJob:
                     if scale is None
                     else scale.detach().clone()
                 )
+                self.stats.scaled = True
             else:
                 self._loss_scale = None
         if micro.last:
@@ -400,34 +402,34 @@ class ElasticJob:
             self.noise.observe(*sample)
             self.last_noise_sample = sample
             return
-        inv = self._inverse_scale_sq()
         if not stats.single_sqr:
             return
-        cur = float(torch.stack(stats.single_sqr).double().sum()) * inv
-        step, prev, prev_inv, batch = self._previous
+        cur = float(torch.stack(stats.single_sqr).double().sum())
+        step, prev, batch = self._previous
         complete = len(stats.single_cross) == len(stats.single_sqr)
         if step == stats.step_index - 1 and complete and batch == self.batch.batch_size:
             cross = float(torch.stack(stats.single_cross).double().sum())
-            cross *= math.sqrt(inv * prev_inv)
             sample = ((prev + cur + 2 * cross) / 4, (prev + cur) / 2, 2, float(plan.size))
             self.noise.observe(*sample)
             self.last_noise_sample = sample
-        self._previous = (stats.step_index, cur, inv, self.batch.batch_size)
+        self._previous = (stats.step_index, cur, self.batch.batch_size)
 
-    def _inverse_scale_sq(self) -> float:
+    def loss_scale_inverse_sq(self) -> float:
+        """``1 / scale^2`` of the step's GradScaler (1 without one): what a squared norm of a
+        scaled gradient is multiplied by to be the unscaled gradient's."""
         return 1.0 if self._loss_scale is None else 1.0 / float(self._loss_scale) ** 2
 
     # ---- control: stop, terminate, rebatch ---------------------------------------------------
 
     def _control_vector(self, stats: StepStats) -> torch.Tensor:
         control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64, device=self.device)
-        local = stats.micro_sqr or stats.local_sqr
-        if local:
-            control[0] = torch.stack([t.double() for t in local]).sum()
+        if stats.micro_sqr:
+            local = torch.stack([t.double() for t in stats.micro_sqr]).sum()
+            if self._loss_scale is not None:
+                local /= self._loss_scale.double().to(self.device) ** 2
+            control[0] = local
         if stats.global_sqr:
             control[8] = torch.stack([t.double() for t in stats.global_sqr]).sum() / self.replicas
-        if self._loss_scale is not None:
-            control[[0, 8]] /= self._loss_scale.double().to(self.device) ** 2
         control[1] = 1.0 if self.signals.terminate else 0.0
         if self.rank == 0:
             interval = self._checkpoint_interval_s

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -157,10 +158,7 @@ class ElasticStrategy(DDPStrategy):
                 "one scheduler are supported"
             )
         scheduler = self.lr_scheduler_configs[0].scheduler if self.lr_scheduler_configs else None
-        # (the module's hook, not scheduler.step: a scheduler saves its __dict__)
-        _skip_while_accumulating(self.lightning_module, "lr_scheduler_step", self.job)
-        _skip_while_accumulating(self.precision_plugin, "clip_gradients", self.job)
-        return ElasticDataParallel(
+        model = ElasticDataParallel(
             self.model,  # type: ignore[arg-type]
             self.optimizers[0],
             scheduler=scheduler,
@@ -169,6 +167,10 @@ class ElasticStrategy(DDPStrategy):
             job=self.job,
             **self._ddp_kwargs,
         )
+        # (the module's hook, not scheduler.step: a scheduler saves its __dict__)
+        _skip_while_accumulating(self.lightning_module, "lr_scheduler_step", self.job)
+        _skip_while_accumulating(self.precision_plugin, "clip_gradients", self.job, model.reduced)
+        return model
 
     def teardown(self) -> None:
         if isinstance(self.model, ElasticDataParallel):
@@ -272,11 +274,18 @@ def _recount_epoch(trainer: pl.Trainer, total: int) -> None:
     fetcher.length = total
 
 
-def _skip_while_accumulating(owner: Any, name: str, job: ElasticJob) -> None:
-    """``owner.name(...)`` does nothing on a micro-batch that is not its step's last."""
+def _skip_while_accumulating(
+    owner: Any, name: str, job: ElasticJob, before: Callable[[], None] | None = None
+) -> None:
+    """``owner.name(...)`` does nothing on a micro-batch that is not its step's last, and
+    calls ``before()`` first on the last one."""
     real = getattr(owner, name)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return None if job.accumulating else real(*args, **kwargs)
+        if job.accumulating:
+            return None
+        if before is not None:
+            before()
+        return real(*args, **kwargs)
 
     setattr(owner, name, call)

@@ -245,7 +245,7 @@ class Step:
         job = self._trainer.job
         if self._fetched != len(self.plan.micro_batches):
             raise TrainerError("step.finish() before all of step.micro_batches() were trained")
-        if job.stats.sync_done is None:
+        if not job.stats.forwarded:
             raise TrainerError(
                 "no gradient was synchronised this step: call trainer.model(...), not the "
                 "module given to ElasticTrainer, so that DDP reduces the gradients"
