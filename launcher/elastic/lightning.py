@@ -10,7 +10,7 @@ A Lightning script changes two lines (``docs/protocol.md``, "Lightning")::
 :class:`ElasticStrategy` is a ``DDPStrategy`` whose model wrapper is an
 :class:`~launcher.elastic.ElasticDataParallel` over the job's process group (made by
 :func:`launcher.elastic.init`, before Lightning would make its own): DDP reduces the
-gradients, its communication hook takes the gradient-noise statistics, the learning rate is
+gradients, the wrapper's hooks take the gradient-noise statistics, the learning rate is
 scaled by optimizer, and the module, optimizer, LR scheduler and the precision plugin's
 GradScaler are restored from and saved to the job's checkpoints (format 2, the same as a DDP
 script's: Lightning's own ``.ckpt`` files are not used). It adds an :class:`ElasticCallback`

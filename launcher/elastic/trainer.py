@@ -15,7 +15,7 @@ DDP script elastic"): an :class:`~launcher.elastic.ElasticJob` of its own (the p
 restore, checkpoints, metrics, and the one implementation of the controller's requests:
 stop and ack, SIGTERM checkpoint, rebatch, a run left behind), an
 :class:`~launcher.elastic.ElasticDataParallel` around the model (DDP does the all-reduce;
-the gradient-noise statistics come from its communication hook) and an
+the wrapper's hooks take the gradient-noise statistics) and an
 :class:`~launcher.elastic.ElasticSampler` whose steps it hands out one at a time, each
 micro-batch fetched with ``fetch(indices)``. ``trainer.model`` is that wrapper: the forward
 pass must go through it (not through the module passed in), or DDP does not synchronise the
