@@ -25,14 +25,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from launcher.elastic.job import (
-    ElasticJob,
-    ElasticJobError,
-    MicroBatch,
-    current_job,
-    plan_micro_batches,
-)
+from launcher.elastic.job import ElasticJob, ElasticJobError, current_job
 from launcher.elastic.sampler import ElasticSampler, StepPlan
+from launcher.elastic.steps import MicroBatch, plan_micro_batches
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,9 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.elastic.job import ElasticJob, StepStats, current_job
+from launcher.elastic.job import ElasticJob, current_job
 from launcher.elastic.lr import LRScaling, default_rule
+from launcher.elastic.steps import StepStats
 
 logger = logging.getLogger(__name__)
 

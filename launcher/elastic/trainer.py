@@ -37,11 +37,12 @@ from torch.utils.data import default_collate
 
 from launcher.elastic.checkpoint import CheckpointManager
 from launcher.elastic.control import SignalFlags
-from launcher.elastic.job import Batch, ElasticJob, plan_micro_batches
+from launcher.elastic.job import ElasticJob
 from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.elastic.parallel import ElasticDataParallel
 from launcher.elastic.sampler import ElasticSampler, StepPlan
+from launcher.elastic.steps import Batch, plan_micro_batches
 from launcher.jobenv import JobEnvironment
 
 logger = logging.getLogger(__name__)
