@@ -124,6 +124,12 @@ class ElasticStrategy(DDPStrategy):
     def root_device(self) -> torch.device:
         return self.job.device
 
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """For the DistributedSampler Lightning gives the validation data: the job's ranks
+        (Lightning's count, devices x nodes of the Trainer, is not the job's)."""
+        return {"num_replicas": self.job.replicas, "rank": self.job.rank}
+
     def setup(self, trainer: pl.Trainer) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             super().setup(trainer)

@@ -14,6 +14,7 @@ from typing import Any
 import lightning.pytorch as L
 import torch
 from torch.nn import functional as F
+from torch.utils.data import DataLoader
 
 from launcher.elastic import ElasticDataLoader
 from launcher.elastic.lightning import ElasticStrategy
@@ -39,6 +40,13 @@ class Classifier(L.LightningModule):
             self.log_file = StepLog(self.sample_log, self.global_rank)
         self.log_file.write(indices, loss, 1.0)
         return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        images, labels, _ = batch
+        self.log("val_loss", F.cross_entropy(self(images), labels), sync_dist=True)
+
+    def val_dataloader(self) -> Any:  # an ordinary loader: Lightning shards it
+        return DataLoader(make_dataset(64, self.args.seed + 1), batch_size=16)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=self.args.lr, momentum=0.9)
