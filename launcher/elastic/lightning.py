@@ -30,8 +30,12 @@ to the trainer, which connects Lightning's loop to the :class:`~launcher.elastic
   callback also logs ``sia/batch_size`` and ``sia/grad_sqr``/``sia/grad_var`` to
   Lightning's loggers once per optimizer step.
 
+The strategy uses the process's job (:func:`launcher.elastic.init` with its defaults, unless
+the script called it first with its own options, e.g. ``checkpoint_interval_s``).
+
 Limits: one optimizer and at most one LR scheduler; ``Trainer.fit`` only (the process group
-is left at the end of training); ``trainer.global_step`` counts micro-batches (the job's
+is left at the end of training), without ``ckpt_path`` (it would overwrite the job's restored
+state); ``trainer.global_step`` counts micro-batches (the job's
 ``current_job().step`` counts optimizer steps); Lightning's own per-batch SIGTERM broadcast
 remains (a one-element collective of its own).
 """
