@@ -133,7 +133,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path
 def kept_bytes(job: ElasticJob, wrapped: ElasticDataParallel) -> int:
     """Bytes of tensors the job keeps between steps (noise sums, previous gradient copies)."""
     stats = job.stats
-    tensors = [*stats.micro_sqr, *stats.local_sqr, *stats.global_sqr]
+    tensors = [*stats.micro_sqr, *stats.global_sqr]
     tensors += [*stats.single_sqr, *stats.single_cross, *wrapped.previous_gradient.values()]
     unique = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
     return sum(unique.values())

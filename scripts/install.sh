@@ -28,5 +28,10 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 pip() { python3 -m pip "$@"; }
 # torch==2.13.0 resolves to the CPU wheel on these machines; an unpinned torch pulls CUDA.
 python3 -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
-pip install -q -e ".[train,dev]"
+# the lightning extra's tests run in CI; the constraint keeps lightning from replacing the
+# installed torch (a CPU wheel) with another build
+constraint=$(mktemp)
+trap 'rm -f "$constraint"' EXIT
+python3 -c "import torch; print(f'torch=={torch.__version__}')" >"$constraint"
+pip install -q -c "$constraint" -e ".[train,lightning,dev]"
 echo "install: done ($(slurmctld -V), $(python3 --version), sia-slurm $(python3 -c 'import sia_slurm; print(sia_slurm.__version__)'))" >&2

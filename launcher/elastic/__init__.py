@@ -6,9 +6,9 @@ A script written for ``DistributedDataParallel`` keeps its loop and changes a fe
 instead of a DataLoader with a DistributedSampler, :func:`remaining_epochs` instead of
 ``range(epochs)``, and ``model.clip_grad_norm_`` for clipping.
 
-The public surface is small: :class:`ElasticTrainer` drives the loop (see its module for the
-four-line change a script makes); the pieces it is built from are usable on their own and are
-tested separately: :class:`ElasticSampler` (resumable data order), :class:`CheckpointManager`
+A script written around steps instead of a DataLoader can use :class:`ElasticTrainer`, a thin
+loop over the same parts (see its module). The pieces are usable on their own and are tested
+separately: :class:`ElasticSampler` (resumable data order), :class:`CheckpointManager`
 (crash-safe checkpoints), :class:`GradientNoise` (``grad_sqr``/``grad_var``),
 :class:`LRScaling` (AdaScale or square-root rule) and :class:`MetricsReporter`.
 """
@@ -22,7 +22,8 @@ from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.elastic.parallel import ElasticDataParallel
 from launcher.elastic.sampler import ElasticSampler, SamplerError, StepPlan
-from launcher.elastic.trainer import Batch, ElasticTrainer, Step, TrainerError
+from launcher.elastic.steps import Batch
+from launcher.elastic.trainer import ElasticTrainer, Step, TrainerError
 from launcher.jobenv import JobEnvironment
 
 

@@ -54,6 +54,10 @@ class SignalFlags:
         except ValueError:  # not the main thread (e.g. an embedding test harness)
             logger.warning("signal handlers not installed: not in the main thread")
 
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
     def uninstall(self) -> None:
         for number, previous in self._previous.items():
             signal.signal(number, previous)  # type: ignore[arg-type]

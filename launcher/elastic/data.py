@@ -25,8 +25,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from launcher.elastic.job import ElasticJob, ElasticJobError, MicroBatch, current_job
+from launcher.elastic.job import ElasticJob, ElasticJobError, current_job
 from launcher.elastic.sampler import ElasticSampler, StepPlan
+from launcher.elastic.steps import MicroBatch, plan_micro_batches
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +95,21 @@ class ElasticDataLoader:
                 yield data
                 if not micro.last:
                     continue
-                job.end_step(micro.plan)
+                job.finish_step()
                 job.obey_control()
                 if job.batch != batch or job.steps_exhausted():
                     break  # drop what the workers prefetched for the old batch
         job.obey_control()
+
+    def __len__(self) -> int:
+        """Micro-batches left in the epoch from the committed step on at the current batch (a
+        whole epoch once this one is done); a rebatch changes it."""
+        sampler, batch = self.sampler, self.job.batch
+        left = (
+            sampler.dataset_size if sampler.epoch_done else sampler.dataset_size - sampler.position
+        )
+        full, tail = divmod(left, batch.batch_size)  # the tail step: as few as fit (sampler.plan)
+        return full * (batch.accum_steps + 1) + -(-tail // (self.job.replicas * batch.local_bsz))
 
     def plans(self) -> Iterator[StepPlan]:
         """The steps from the committed position on, planned ahead for the workers."""
@@ -134,22 +145,9 @@ class _StepSampler(Sampler[list[int]]):
         pending = self._loader._pending
         replicas = self._loader.job.replicas
         for plan in self._loader.plans():
-            count = len(plan.micro_batches)
-            for index, indices in enumerate(plan.micro_batches):
-                weight = len(indices) * replicas * count / plan.size
-                pending.append(MicroBatch(plan, index, 1.0 if plan.uniform else weight))
-                yield list(indices) if indices else [plan_first(plan)]
+            for micro in plan_micro_batches(plan, replicas):
+                pending.append(micro)
+                yield micro.indices
 
     def __len__(self) -> int:
-        sampler = self._loader.sampler
-        batch = self._loader.job.batch
-        left = sampler.dataset_size - sampler.position
-        return -(-left // batch.batch_size) * (batch.accum_steps + 1)
-
-
-def plan_first(plan: StepPlan) -> int:
-    """A valid dataset index for a padding micro-batch (its gradient weighs 0)."""
-    for micro in plan.micro_batches:
-        if micro:
-            return micro[0]
-    return 0
+        return len(self._loader)

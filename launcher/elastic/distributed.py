@@ -19,8 +19,8 @@ The GPU path, which cannot be run on this project's CI (no GPU), is these few li
 
 A run by hand (``WORLD_SIZE`` unset or 1) gets a one-process group of the same backend on an
 in-memory store, so ``DistributedDataParallel`` can wrap the model in every case: one code
-path. (No GPU was available to this project's tests: the CUDA lines above, and the CUDA
-future of the one-replica communication hook, are written from PyTorch's documentation.)
+path. (No GPU was available to this project's tests: the CUDA lines above are written from
+PyTorch's documentation.)
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ environment, checkpoints, metrics, the controller's files); :class:`ElasticDataP
 attach to it, and :meth:`ElasticJob.remaining_epochs` drives the epochs. The loader calls
 :meth:`ElasticJob.end_step` after the last micro-batch of each optimizer step: there the
 ranks agree, in one small all-reduce, on the step's gradient-noise sums and on the
-controller's requests (stop, rebatch, termination, a periodic checkpoint), exactly as
-:class:`~launcher.elastic.ElasticTrainer` does (``docs/protocol.md``, "Running").
+controller's requests (stop, rebatch, termination, a periodic checkpoint, a run left
+behind) (``docs/protocol.md``, "Running"). This is the job side's one implementation of
+that reliability: :class:`~launcher.elastic.ElasticTrainer` (the step loop) and the
+Lightning integration drive the same :class:`ElasticJob`.
 
 Rank 0 tells ``sia-launch`` through :class:`~launcher.runs.TrainingRecorder` that the run
 trained and how its process ended: ``completed`` only when :meth:`remaining_epochs` ran out,
@@ -17,13 +19,11 @@ trained and how its process ended: ``completed`` only when :meth:`remaining_epoc
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -38,7 +38,7 @@ from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.elastic.rng import load_rng_state, rng_state
 from launcher.elastic.sampler import ElasticSampler, StepPlan
-from launcher.elastic.trainer import Batch
+from launcher.elastic.steps import Batch, MicroBatch, StepStats
 from launcher.jobenv import JobEnvironment
 from launcher.runs import TrainingRecorder
 
@@ -68,39 +68,6 @@ def current_job() -> ElasticJob:
     return _current
 
 
-@dataclass(frozen=True)
-class MicroBatch:
-    """Where the loader is: micro-batch ``index`` of ``plan`` on this rank, and its weight
-    ``n_rj * replicas * micro_count / step size`` (1 on a uniform step, 0 on padding)."""
-
-    plan: StepPlan
-    index: int
-    weight: float
-
-    @property
-    def last(self) -> bool:
-        return self.index == len(self.plan.micro_batches) - 1
-
-    @property
-    def count(self) -> int:
-        return len(self.plan.micro_batches)
-
-
-@dataclass
-class StepStats:
-    """What the hooks measured during one step (device tensors; read once, at its end)."""
-
-    micro_sqr: list[torch.Tensor] = field(default_factory=list)  # per micro-batch, local
-    local_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, before reduction
-    global_sqr: list[torch.Tensor] = field(default_factory=list)  # per bucket, reduced
-    # one replica without accumulation: |g|^2 and g . g_previous per parameter
-    single_sqr: list[torch.Tensor] = field(default_factory=list)
-    single_cross: list[torch.Tensor] = field(default_factory=list)
-    step_index: int = -1
-    sync_ready: float | None = None
-    sync_done: float | None = None
-
-
 class ElasticJob:
     """The run-level state of one training process (see the module docstring)."""
 
@@ -114,6 +81,7 @@ class ElasticJob:
         noise_decay: float = 0.95,
         control_interval: int = 4,
         install_signal_handlers: bool = True,
+        reporter: MetricsReporter | None = None,
     ):
         if control_interval < 1:
             raise ElasticJobError(f"control_interval: expected >= 1, got {control_interval}")
@@ -124,7 +92,7 @@ class ElasticJob:
         self.measuring = True  # whether this step's gradient-noise norms are taken
         self.noise = GradientNoise(self.env.init_batch_size, decay=noise_decay)
         self.checkpoints = CheckpointManager(self.env.checkpoint_dir, keep=checkpoint_keep)
-        self.reporter = MetricsReporter(self.env)
+        self.reporter = reporter if reporter is not None else MetricsReporter(self.env)
         self.files = ControlFiles.for_job(self.env)
         self.signals = SignalFlags()
         if install_signal_handlers:
@@ -141,13 +109,14 @@ class ElasticJob:
         self.stats = StepStats()
         self.step_callbacks: list[Callable[[ElasticJob, StepPlan], None]] = []
         self.last_noise_sample: tuple[float, float, int, float] | None = None
-        self._previous: tuple[int, float, float, int] = (-2, 0.0, 1.0, 0)  # step, |g|^2, inv, M
+        self._previous: tuple[int, float, int] = (-2, 0.0, 0)  # step, |g|^2, M
         self._loss_scale: torch.Tensor | None = None
         self._in_flight: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None
         self._last_start: float | None = None
         self._stop_round: int | None = None
         self._terminate = False
         self._superseded_round: int | None = None
+        self.completed = False
         self._checkpoint_interval_s = checkpoint_interval_s
         self._last_checkpoint = time.monotonic()
         self._loaded: tuple[int, dict[str, Any]] | bool | None = False
@@ -168,7 +137,12 @@ class ElasticJob:
     # ---- parts attach; the newest checkpoint is read once, each part takes its own ---------
 
     def attach_sampler(self, sampler: ElasticSampler) -> None:
-        self.sampler = sampler
+        """Register the data order; the first one resumes at the checkpoint's position, a later
+        one (a loader made again, e.g. by Lightning's reloading) at the current one."""
+        previous, self.sampler = self.sampler, sampler
+        if previous is not None:
+            sampler.load_state_dict(previous.state_dict())
+            return
         restored = self._checkpoint()
         if restored is not None:
             sampler.load_state_dict(restored[1]["sampler"])
@@ -178,6 +152,12 @@ class ElasticJob:
         self.model = model
         restored = self._checkpoint()
         return None if restored is None else restored[1]
+
+    @property
+    def restored_step(self) -> int | None:
+        """The step of the checkpoint this process resumed from (``None``: from scratch)."""
+        restored = self._checkpoint() if self.sampler is not None else None
+        return None if restored is None else restored[0]
 
     def _checkpoint(self) -> tuple[int, dict[str, Any]] | None:
         if self._loaded is False:
@@ -235,8 +215,8 @@ class ElasticJob:
             self.stats = StepStats(step_index=self.step)
             self.measuring = self._measured(self.step)
             if self.model is not None:
-                uneven = not micro.plan.uniform
-                self.model.arm_hooks(uneven or (self.measuring and micro.count > 1))
+                local = micro.count > 1 or self.replicas > 1  # local norms are the hooks'
+                self.model.arm_hooks(not micro.plan.uniform or (self.measuring and local))
             scaler = getattr(self.model, "scaler", None)
             if scaler is not None and scaler.is_enabled():
                 scale = scaler._get_scale_async()  # None before the first scaler.scale()
@@ -245,11 +225,19 @@ class ElasticJob:
                     if scale is None
                     else scale.detach().clone()
                 )
+                self.stats.scaled = True
             else:
                 self._loss_scale = None
         if micro.last:
             self._last_start = time.perf_counter()
         self.current = micro
+
+    def finish_step(self) -> None:
+        """End the current step if its last micro-batch has trained and nobody ended it yet
+        (the loader does when the next batch is asked for; a Lightning hook may be first)."""
+        micro = self.current
+        if micro is not None and micro.last:
+            self.end_step(micro.plan)
 
     def _syncs(self, step: int) -> bool:
         """Whether step ``step`` ends with a control all-reduce: every ``control_interval``-th
@@ -351,34 +339,34 @@ class ElasticJob:
             self.noise.observe(*sample)
             self.last_noise_sample = sample
             return
-        inv = self._inverse_scale_sq()
         if not stats.single_sqr:
             return
-        cur = float(torch.stack(stats.single_sqr).double().sum()) * inv
-        step, prev, prev_inv, batch = self._previous
+        cur = float(torch.stack(stats.single_sqr).double().sum())
+        step, prev, batch = self._previous
         complete = len(stats.single_cross) == len(stats.single_sqr)
         if step == stats.step_index - 1 and complete and batch == self.batch.batch_size:
             cross = float(torch.stack(stats.single_cross).double().sum())
-            cross *= math.sqrt(inv * prev_inv)
             sample = ((prev + cur + 2 * cross) / 4, (prev + cur) / 2, 2, float(plan.size))
             self.noise.observe(*sample)
             self.last_noise_sample = sample
-        self._previous = (stats.step_index, cur, inv, self.batch.batch_size)
+        self._previous = (stats.step_index, cur, self.batch.batch_size)
 
-    def _inverse_scale_sq(self) -> float:
+    def loss_scale_inverse_sq(self) -> float:
+        """``1 / scale^2`` of the step's GradScaler (1 without one): what a squared norm of a
+        scaled gradient is multiplied by to be the unscaled gradient's."""
         return 1.0 if self._loss_scale is None else 1.0 / float(self._loss_scale) ** 2
 
     # ---- control: stop, terminate, rebatch ---------------------------------------------------
 
     def _control_vector(self, stats: StepStats) -> torch.Tensor:
         control = torch.zeros(_CONTROL_SIZE, dtype=torch.float64, device=self.device)
-        local = stats.micro_sqr or stats.local_sqr
-        if local:
-            control[0] = torch.stack([t.double() for t in local]).sum()
+        if stats.micro_sqr:
+            local = torch.stack([t.double() for t in stats.micro_sqr]).sum()
+            if self._loss_scale is not None:
+                local /= self._loss_scale.double().to(self.device) ** 2
+            control[0] = local
         if stats.global_sqr:
             control[8] = torch.stack([t.double() for t in stats.global_sqr]).sum() / self.replicas
-        if self._loss_scale is not None:
-            control[[0, 8]] /= self._loss_scale.double().to(self.device) ** 2
         control[1] = 1.0 if self.signals.terminate else 0.0
         if self.rank == 0:
             interval = self._checkpoint_interval_s
@@ -433,7 +421,13 @@ class ElasticJob:
     def obey_control(self) -> None:
         """Between steps: end the process on an agreed stop, termination or supersession."""
         if self._superseded_round is not None:
-            self._log("round %d runs elsewhere: exiting without a checkpoint", self.round)
+            self._log(
+                "the assignment of round %d is for another Slurm run; this run (%s.%d) was "
+                "left behind and exits without a checkpoint",
+                self._superseded_round,
+                self.env.slurm_job_id,
+                self.env.restarts,
+            )
             self._exit()
         if self._stop_round is not None:
             self._stop_for_controller(self._stop_round)
@@ -459,12 +453,24 @@ class ElasticJob:
         self._exit()
 
     def _complete(self) -> None:
+        self.complete()
+        self.leave_process_group()
+
+    def complete(self) -> None:
+        """Training ran to its end: the last statistics, report and checkpoint, and the run
+        recorded as ``completed``."""
         self._settle()  # the last step's statistics; its requests no longer matter
         if self.rank == 0:
             self._report()
         self.save_checkpoint()
         self._ended("completed")
+        self.completed = True
         self._log("training complete after %d steps", self.step)
+
+    def leave_process_group(self) -> None:
+        """Meet once more and tear the group down (every rank completes at the same step): a
+        rank that exited with gloo still up was seen to die with SIGABRT on a multi-node job,
+        and Slurm then records a trained job as FAILED."""
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
@@ -482,7 +488,7 @@ class ElasticJob:
     def _install_failure_hook(self) -> None:
         """A peer that dies during a termination fails a collective inside the user's
         ``backward``; rank 0 then checkpoints the last complete step (the optimizer has not
-        stepped) and the process exits 0, as the ElasticTrainer does."""
+        stepped) and the process exits 0."""
         previous = sys.excepthook
 
         def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:

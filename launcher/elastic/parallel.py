@@ -9,17 +9,23 @@ of the gradients:
   knows) the forward runs without DDP's sync, and the user's ``optimizer.step()``,
   ``optimizer.zero_grad()``, ``scaler.unscale_/step/update`` and :meth:`clip_grad_norm_` are
   no-ops, so the script's loop stays the same;
-- **weighting**: the communication hook divides the buckets by ``replicas x micro-batches``
-  (DDP's own hook divides by ``replicas``), so the reduced gradient is the mean over the
-  global batch; on an epoch's uneven last step a per-parameter hook weighs each micro-batch by
-  its size (padding micro-batches weigh 0);
-- **gradient-noise statistics** (launcher/elastic/noise.py): the squared norm of each bucket
-  before the all-reduce (one replica's gradient) and after it (the mean gradient), a dot
-  product over DDP's own buffer; with accumulation, the squared norm of each micro-batch's
-  gradient as the parameter hooks receive it, before it is accumulated. All are divided by
-  the squared loss scale (the values are those of the unscaled gradient). Only a job on one
-  replica without accumulation keeps a copy of the previous step's gradient (Pollux's
-  estimate from two consecutive steps needs it);
+- **weighting**: DDP's own C++ reduction (no Python communication hook: one costs about as
+  much as all of this wrapper's other work, ``benchmarks/bench_trainer.py``) averages over
+  the replicas; the wrapper divides the reduced gradient by the number of micro-batches once
+  per step, before anything reads it (``scaler.unscale_``, :meth:`clip_grad_norm_` or the
+  optimizer step, whichever comes first; until then a gradient accumulated over ``k``
+  micro-batches is their sum). On an epoch's uneven last step a per-parameter hook weighs
+  each micro-batch by its size (padding micro-batches weigh 0);
+- **gradient-noise statistics** (launcher/elastic/noise.py), on the steps the job measures
+  only: each micro-batch's local gradient norm, taken by per-parameter hooks before it is
+  accumulated or reduced, and the reduced mean gradient's norm, taken at the same point as
+  the division above, a dot product per parameter over DDP's own buffers: no copy. Values
+  are those of the unscaled gradient (divided by the squared loss scale where the gradient
+  was still scaled). Only a job on one replica without accumulation keeps a copy of the
+  previous step's gradient (Pollux's estimate from two consecutive steps needs it);
+- **timing**: a hook on the parameter whose gradient comes last in the backward pass marks
+  when the last bucket is ready, and a callback at the end of the backward pass (after DDP
+  has waited for its all-reduces) when the gradient is synchronised;
 - **learning-rate scaling** around the real ``optimizer.step()`` (launcher/elastic/lr.py):
   the rule given, or AdaScale for the SGD family and the square-root rule for Adam-like
   optimizers;
@@ -31,16 +37,17 @@ of the gradients:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.elastic.job import ElasticJob, StepStats, current_job
+from launcher.elastic.job import ElasticJob, current_job
 from launcher.elastic.lr import LRScaling, default_rule
+from launcher.elastic.steps import StepStats
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +79,10 @@ class ElasticDataParallel(torch.nn.Module):
         device_ids = [self.job.device.index] if self.job.device.type == "cuda" else None
         ddp_options.setdefault("gradient_as_bucket_view", True)
         self.ddp = DistributedDataParallel(module, device_ids=device_ids, **ddp_options)
-        self.ddp.register_comm_hook(None, self._communicate)
+        self._params = [p for p in module.parameters() if p.requires_grad]
         self._hooks: list[Any] = []  # armed only for steps that need them (arm_hooks)
+        if self._params:  # backward computes the first parameter's gradient last (DDP's order)
+            self._params[0].register_hook(self._on_last_gradient)
         # one replica without accumulation: the previous step's gradient, copied over in place
         self.previous_gradient: dict[int, torch.Tensor] = {}
         self._patch_optimizer()
@@ -91,6 +100,7 @@ class ElasticDataParallel(torch.nn.Module):
         return not self.job.accumulating
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.job.stats.forwarded = True
         self.ddp.require_backward_grad_sync = not self.job.accumulating
         return self.ddp(*args, **kwargs)
 
@@ -99,20 +109,17 @@ class ElasticDataParallel(torch.nn.Module):
         micro-batch only (call it after ``scaler.unscale_(optimizer)`` with AMP)."""
         if self.job.accumulating:
             return None
+        self.reduced()
         return torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm, norm_type)
 
     # ---- hooks -------------------------------------------------------------------------------
 
     def arm_hooks(self, needed: bool) -> None:
-        """Register the per-parameter hooks for a step that needs them (accumulation with
-        noise norms, or an uneven step's weights), and remove them otherwise: a Python call
-        per parameter and micro-batch is the wrappers' largest cost on a plain step."""
+        """Register the per-parameter hooks for a step that needs them (noise norms, or an
+        uneven step's weights), and remove them otherwise: a Python call per parameter and
+        micro-batch would be the wrappers' largest cost on a plain step."""
         if needed and not self._hooks:
-            self._hooks = [
-                p.register_hook(self._on_parameter_gradient)
-                for p in self.module.parameters()
-                if p.requires_grad
-            ]
+            self._hooks = [p.register_hook(self._on_parameter_gradient) for p in self._params]
         elif not needed and self._hooks:
             for handle in self._hooks:
                 handle.remove()
@@ -123,63 +130,60 @@ class ElasticDataParallel(torch.nn.Module):
         micro = self.job.current
         if micro is None:
             return None
-        if micro.plan.uniform and micro.count > 1 and self.job.measuring:
+        if micro.plan.uniform and self.job.measuring:
             self.job.stats.micro_sqr.append(_sqr(grad))
         return None if micro.weight == 1.0 else grad * micro.weight
 
-    def _communicate(self, _state, bucket):  # type: ignore[no-untyped-def]
-        """DDP's all-reduce of one bucket (a ``dist.GradBucket``; DDP refuses string
-        annotations), divided by replicas x micro-batches, with the bucket's squared norm
-        before and after. Returns the future of the reduced buffer."""
-        job, stats = self.job, self.job.stats
-        micro = job.current
-        buffer = bucket.buffer()
-        count = micro.count if micro is not None else 1
-        uniform = micro is not None and micro.plan.uniform and job.measuring
-        single = uniform and job.replicas == 1 and count == 1  # Pollux's two-step estimate
-        if uniform and count == 1 and job.replicas > 1:
-            stats.local_sqr.append(_sqr(buffer))
-        if bucket.is_last():
-            stats.sync_ready = time.perf_counter()
-        divisor = job.replicas * count
-        if divisor != 1:
-            buffer.div_(divisor)
+    def _on_last_gradient(self, _grad: torch.Tensor) -> None:
+        """The backward pass of the step's last micro-batch computed its last gradient: the
+        last bucket is ready; the gradient is synchronised when the backward pass ends."""
+        micro, stats = self.job.current, self.job.stats
+        if micro is None or not micro.last:
+            return
+        stats.sync_ready = time.perf_counter()
 
-        def reduced(future: torch.futures.Future) -> torch.Tensor:
-            result = future.value()[0]
-            if uniform and not single:
-                stats.global_sqr.append(_sqr(result))
-            if single:  # per parameter: DDP re-orders its buckets after the first step
-                params = bucket.parameters()
-                if result.data_ptr() == buffer.data_ptr():
-                    grads = bucket.gradients()
-                else:
-                    grads = _split(result, params)
-                for param, grad in zip(params, grads, strict=True):
-                    self._keep_single(param, grad, stats)
-            if bucket.is_last():
-                stats.sync_done = time.perf_counter()
-            return result
+        def synchronised() -> None:
+            stats.sync_done = time.perf_counter()
 
-        if job.replicas == 1:
-            devices = [buffer.device] if buffer.is_cuda else None  # a CUDA future for CUDA
-            future: torch.futures.Future = torch.futures.Future(devices=devices)
-            future.set_result([buffer])
-        else:
-            future = dist.all_reduce(buffer, async_op=True).get_future()  # type: ignore[union-attr]
-        return future.then(reduced)
+        torch.autograd.Variable._execution_engine.queue_callback(synchronised)  # type: ignore[attr-defined]
 
-    def _keep_single(self, param: torch.Tensor, grad: torch.Tensor, stats: StepStats) -> None:
+    def reduced(self) -> None:
+        """The step's reduced gradient, once, before it is first read: divided by the number
+        of micro-batches, and its noise norms taken (see the module docstring)."""
+        job = self.job
+        micro, stats = job.current, job.stats
+        if micro is None or not micro.last or stats.reduced:
+            return
+        stats.reduced = True
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if micro.count > 1 and grads:
+            torch._foreach_div_(grads, float(micro.count))
+        if not (micro.plan.uniform and job.measuring and grads):
+            return
+        inverse = job.loss_scale_inverse_sq() if stats.scaled else 1.0
+        if job.replicas > 1 or micro.count > 1:
+            stats.global_sqr.append(torch.stack([_sqr(g) for g in grads]).sum() * inverse)
+            return
+        for param in self._params:  # one replica, one micro-batch: two consecutive steps
+            if param.grad is not None:
+                self._keep_single(param, param.grad, stats, inverse)
+
+    def _keep_single(
+        self, param: torch.Tensor, grad: torch.Tensor, stats: StepStats, inverse: float
+    ) -> None:
         """One replica, one micro-batch: ``|g|^2`` and ``g . g_previous`` of one parameter,
-        then ``g`` over the previous step's copy (in place: one copy of the gradient in all)."""
+        then ``g`` over the previous step's copy (in place: one copy of the gradient in all),
+        all of the unscaled gradient."""
         flat = grad.detach().reshape(-1)
-        stats.single_sqr.append(_sqr(flat))
+        stats.single_sqr.append(_sqr(flat) * inverse)
         previous = self.previous_gradient.get(id(param))
         if previous is not None and previous.shape == flat.shape:
-            stats.single_cross.append(_dot(previous, flat))
+            stats.single_cross.append(_dot(previous, flat) * math.sqrt(inverse))
             previous.copy_(flat)
         else:
-            self.previous_gradient[id(param)] = flat.clone()
+            previous = self.previous_gradient[id(param)] = flat.clone()
+        if inverse != 1.0:
+            previous.mul_(math.sqrt(inverse))
 
     # ---- the user's optimizer and scaler, made accumulation-aware ----------------------------
 
@@ -188,8 +192,10 @@ class ElasticDataParallel(torch.nn.Module):
         real_step, real_zero_grad = optimizer.step, optimizer.zero_grad
 
         def step(*args: Any, **kwargs: Any) -> Any:
-            if job.accumulating:
-                return None
+            if job.accumulating:  # a closure (Lightning passes one) still runs forward/backward
+                closure = kwargs.get("closure", args[0] if args else None)
+                return None if closure is None else closure()
+            self.reduced()
             factor = scaling.factor(job.batch.batch_size, job.noise)
             with scaling.applied(optimizer, factor):
                 return real_step(*args, **kwargs)
@@ -210,6 +216,8 @@ class ElasticDataParallel(torch.nn.Module):
         def unscale_(optimizer: torch.optim.Optimizer) -> None:
             if not job.accumulating:
                 real_unscale(optimizer)
+                job.stats.scaled = False
+                self.reduced()
 
         def step(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             return None if job.accumulating else real_step(optimizer, *args, **kwargs)
@@ -254,12 +262,3 @@ def _dot(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     if left.dtype in (torch.float32, torch.float64):
         return torch.dot(left, right)
     return torch.dot(left.float(), right.float())
-
-
-def _split(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Views of ``flat`` shaped as ``params``, in order."""
-    views, offset = [], 0
-    for param in params:
-        views.append(flat[offset : offset + param.numel()].view_as(param))
-        offset += param.numel()
-    return views

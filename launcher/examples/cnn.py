@@ -68,7 +68,7 @@ def train(argv: list[str] | None = None) -> None:
         for step in trainer.steps():
             losses = []
             for images, labels in step.micro_batches():
-                loss = F.cross_entropy(model(images), labels)
+                loss = F.cross_entropy(trainer.model(images), labels)
                 step.backward(loss)
                 losses.append(loss.item())
             step.finish()

@@ -297,6 +297,11 @@ def train(argv: list[str] | None = None) -> None:
     model = nn.Linear(FEATURES, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     dataset = make_dataset(args.dataset_size, args.seed)
+    reporter = None
+    if progress is not None:  # the app's trace statistics at the trainer's current batch
+        reporter = TraceStatsReporter(
+            env, lambda: progress.statistics(trainer.batch.batch_size, env.init_batch_size)
+        )
     trainer = ElasticTrainer(
         model,
         optimizer,
@@ -304,6 +309,7 @@ def train(argv: list[str] | None = None) -> None:
         env=env,
         lr_scaling=args.lr_scaling,
         fetch=bounded_fetch(dataset),
+        reporter=reporter,
     )
     logger.info(
         "EMULATED trainer: micro-batch times follow profile %s on %s (x%g); the GPUs are not used",
@@ -376,7 +382,8 @@ class Pacer:
 
 def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float, pacer: Pacer) -> float:
     """Train one step's micro-batches, each ``target_s`` long from the start of its fetch (the
-    trainer's measured step starts there too); returns the mean loss."""
+    trainer's measured step starts there too); returns the mean loss. The pause comes before
+    the backward pass: the measured step ends when DDP's gradient sync does, inside it."""
     losses = []
     batches = iter(step.micro_batches())
     while True:
@@ -387,9 +394,9 @@ def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float, pacer: P
             break
         pacer.start(target_s, started)
         loss = F.mse_loss(trainer.model(inputs).squeeze(1), targets)
+        pacer.wait()
         step.backward(loss)
         losses.append(loss.item())
-        pacer.wait()
     step.finish()
     return sum(losses) / max(len(losses), 1)
 
@@ -421,10 +428,6 @@ def run_to_target(
     the progress is checkpointed with the trainer's user state."""
     log = SampleLog(args.sample_log, trainer.rank)
     pacer = Pacer()
-    trainer.reporter = TraceStatsReporter(
-        env,
-        lambda: progress.statistics(trainer.batch.batch_size, env.init_batch_size),
-    )
     for _epoch in trainer.epochs(sys.maxsize, max_steps=args.max_steps):
         progress.app_progress = float(trainer.user_state.get(USER_STATE_KEY, 0.0))
         if progress.done:  # restored from the checkpoint of the last step

@@ -72,7 +72,7 @@ def train(argv: list[str] | None = None) -> None:
         for step in trainer.steps():
             losses = []
             for inputs, targets in step.micro_batches():
-                logits = model(inputs)
+                logits = trainer.model(inputs)
                 loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
                 step.backward(loss)
                 losses.append(loss.item())

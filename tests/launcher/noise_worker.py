@@ -37,7 +37,7 @@ def main(out_dir: Path) -> None:
         for step in trainer.steps():
             micro_batches = [list(m) for m in step.plan.micro_batches]
             for inputs, targets in step.micro_batches():
-                step.backward(F.mse_loss(model(inputs).squeeze(1), targets))
+                step.backward(F.mse_loss(trainer.model(inputs).squeeze(1), targets))
             step.finish()
     record = {
         "rank": trainer.rank,

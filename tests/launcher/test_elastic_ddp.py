@@ -132,6 +132,18 @@ def test_a_rank_with_no_sample_left_pads_with_a_sample_of_weight_zero(
     for record in records:
         after = record["weight_after"] + record["bias_after"]
         assert after == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    # the first (uniform) step's noise sample: c = 2 replicas' local gradients, no
+    # accumulation, each taken before DDP's reduction
+    model.load_state_dict({k: torch.tensor(v) for k, v in records[0]["initial"].items()})
+    grads = []
+    for record in records:
+        model.zero_grad()
+        inputs, targets, _ = data[record["micro_batches"][0]]
+        F.mse_loss(model(inputs).squeeze(1), targets).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    mean = (grads[0] + grads[1]) / 2
+    direct_sample = [float(mean.dot(mean)), sum(float(g.dot(g)) for g in grads) / 2, 2]
+    assert records[0]["sample"][:3] == pytest.approx(direct_sample, rel=1e-5)
 
 
 def test_the_elastic_example_differs_from_the_plain_ddp_script_in_a_few_lines() -> None:

@@ -173,7 +173,7 @@ def test_accumulated_micro_batches_give_the_direct_noise_estimate(make_env) -> N
     env = make_env(batch_size=12, local_bsz=3, accum_steps=3, init_batch_size=6)
     trainer = make_trainer(env, noise_decay=0.0)
     model = trainer.model
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    initial = {k: v.clone() for k, v in model.module.state_dict().items()}
     micro_batches = []
     for _ in trainer.epochs(1, max_steps=1):
         for step in trainer.steps():
@@ -203,3 +203,20 @@ def test_accumulated_micro_batches_give_the_direct_noise_estimate(make_env) -> N
 def test_outside_sia_launch_the_missing_variable_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="SIA_SIA_ID: not set; run the training command under"):
         JobEnvironment.from_env({})
+
+
+def test_a_forward_pass_around_the_wrapper_is_refused(make_env) -> None:  # type: ignore[no-untyped-def]
+    """Calling the module given to the trainer instead of trainer.model skips DDP's gradient
+    synchronisation: the step refuses to apply that gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainer = ElasticTrainer(
+        model, optimizer, dataset(), env=make_env(), install_signal_handlers=False
+    )
+    with pytest.raises(TrainerError, match=r"call trainer\.model"):
+        for _ in trainer.epochs(1):
+            for step in trainer.steps():
+                for x, y in step.micro_batches():
+                    step.backward(F.mse_loss(model(x).squeeze(1), y))
+                step.finish()
