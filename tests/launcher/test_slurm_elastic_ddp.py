@@ -9,12 +9,6 @@ each type."""
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import re
-import subprocess
-import sys
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -27,35 +21,11 @@ from launcher.elastic.checkpoint import CheckpointManager
 from launcher.examples.ddp_parts import make_dataset, make_model
 from sia_slurm.config import load_config
 from sia_slurm.devcluster import DevCluster
-from sia_slurm.model.batch import split_batch
-from sia_slurm.protocol import (
-    Assignment,
-    JobSpec,
-    MetricsReport,
-    RunExit,
-    StatePaths,
-    StopRequest,
-    exit_name,
-    read_document,
-    write_document,
-)
-from sia_slurm.slurm.calls import SlurmCalls
-from tests.launcher.test_slurm_job import RTX_LIMIT, wait_for
+from sia_slurm.protocol import RunExit, StatePaths, exit_name, read_document
+from tests.launcher.moves import LIMITS, MovingJob, read_rows, steps_of
+from tests.launcher.test_slurm_job import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 DATASET = 96
-
-
-def read_rows(directory: Path) -> list[dict[str, Any]]:
-    rows = []
-    for path in sorted(directory.glob("samples-r*.jsonl")):
-        rank = int(path.stem.split("-r")[1])
-        rows += [{**json.loads(line), "rank": rank} for line in path.read_text().splitlines()]
-    return rows
-
-
-def steps_of(rows: list[dict[str, Any]], restarts: int) -> set[int]:
-    return {row["step"] for row in rows if row["restarts"] == restarts}
 
 
 def full_loss(state: dict[str, Any]) -> float:
@@ -75,91 +45,35 @@ def test_ddp_script_moves_1_2_4_gpus_across_types(
     tmp_path: Path,
 ) -> None:
     paths = StatePaths(load_config(config_path).state_dir)
-    runner = dev_cluster.runner()
-    samples, job_out = tmp_path / "samples", tmp_path / "job.out"
-    submitted = subprocess.run(
+    job = MovingJob(
+        dev_cluster.runner(), paths, tmp_path,
         [
-            sys.executable, "-m", "launcher.sbatch", "--parsable",
             "--config", str(config_path), "--profile", str(tiny_profile),
             "--num-gpus", "1", "--gpu-type", "t4", "--batch-size", "16",
-            f"--output={job_out}", "--export=ALL,SIA_METRICS_INTERVAL_S=0.5,SIA_LINGER_S=120",
-            "--",
+            "--export=ALL,SIA_METRICS_INTERVAL_S=0.5,SIA_LINGER_S=120", "--",
             "python", "-m", "launcher.examples.ddp_elastic", "--epochs", "1000",
             "--dataset-size", str(DATASET), "--workers", "1", "--growth-interval", "8",
-            "--sample-log", str(samples),
+            "--sample-log", str(tmp_path / "samples"),
         ],
-        cwd=REPO,
-        env={**os.environ, **slurm_env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
+        slurm_env,
     )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip()
-    sia_id = re.search(r"sia job (\S+)", submitted.stderr)[1]  # type: ignore[index]
-    spec = read_document(JobSpec, paths.spec(sia_id))
-
-    def report_from(gpu_type: str) -> MetricsReport | None:
-        path = paths.metrics(sia_id)
-        latest = read_document(MetricsReport, path) if path.exists() else None
-        return latest if latest is not None and latest.gpu_type == gpu_type else None
-
-    def stop(round_index: int, run: int) -> None:
-        write_document(paths.stop_request(sia_id), StopRequest(sia_id, round_index, time.time()))
-        runner.run(["scancel", "--batch", "--signal=USR1", job_id])
-        wait_for(
-            f"ack-{round_index}", paths.ack(sia_id, round_index, job_id, run).exists, 90, job_out
-        )
-
-    def move(round_index: int, run: int, gpu_type: str, nodes: int, gpus: int, batch: int) -> None:
-        runner.run(["scontrol", "requeuehold", job_id])
-        state = lambda: runner.run(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()  # noqa: E731
-        wait_for("the requeue", lambda: state() == "PENDING", 60, job_out)
-        SlurmCalls(runner).run([
-            "scontrol", "update", f"JobId={job_id}", f"Partition={gpu_type}",
-            f"TresPerNode=gres:gpu:{gpus // nodes}", f"NumNodes={nodes}-{nodes}",
-            f"NumTasks={nodes}",
-        ])  # fmt: skip
-        local_bsz, accum = (int(v) for v in split_batch(batch, gpus, limit(gpu_type)))
-        write_document(
-            paths.assignment(sia_id),
-            Assignment(
-                sia_id, round_index, gpu_type, gpu_type, nodes, gpus, (), batch, local_bsz,
-                accum, slurm_job_id=job_id, slurm_restart_count=run,
-            ),
-        )  # fmt: skip
-        runner.run(["scontrol", "release", job_id])
-        runner.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
-
-    def limit(gpu_type: str) -> int:
-        return {"t4": 16, "a100": 64, "rtx": RTX_LIMIT}[gpu_type]
 
     # ---- run 0: 1 t4 GPU; run 1: 2 a100 GPUs; run 2: 4 rtx GPUs on 2 nodes ----------------
-    write_document(
-        paths.assignment(sia_id),
-        Assignment(sia_id, 1, "t4", "t4", 1, 1, (), 16, 16, 0, slurm_job_id=job_id),
-    )
-    runner.run(["scontrol", "release", job_id])
+    job.start("t4", 1, 16)
     plan = [(2, "a100", 1, 2, 32), (3, "rtx", 2, 4, 48)]
-    wait_for("12 steps on t4", lambda: len(steps_of(read_rows(samples), 0)) >= 12, 180, job_out)
-    wait_for("a report from t4", lambda: report_from("t4"), 30, job_out)
+    job.wait_for_steps(0, 12, "t4", 180)
     for run, (round_index, gpu_type, nodes, gpus, batch) in enumerate(plan, start=1):
-        stop(round_index, run - 1)
-        move(round_index, run, gpu_type, nodes, gpus, batch)
-        wait_for(
-            f"12 steps on {gpu_type}",
-            lambda run=run: len(steps_of(read_rows(samples), run)) >= 12,  # type: ignore[misc]
-            240,
-            job_out,
-        )
-        wait_for(f"a report from {gpu_type}", lambda t=gpu_type: report_from(t), 30, job_out)  # type: ignore[misc]
-    stop(4, 2)
-    runner.run(["scancel", job_id])
+        job.stop(round_index, run - 1)
+        job.move(round_index, run, gpu_type, nodes, gpus, batch)
+        job.wait_for_steps(run, 12, gpu_type, 240)
+    job.stop(4, 2)
+    job.runner.run(["scancel", job.job_id])
     for run in range(3):  # each run's launcher judged it from rank 0's record: stopped
-        path = paths.job_dir(sia_id) / exit_name(job_id, run)
-        wait_for(f"exit record of run {run}", path.exists, 60, job_out)
+        path = paths.job_dir(job.sia_id) / exit_name(job.job_id, run)
+        wait_for(f"exit record of run {run}", path.exists, 60, job.job_out)
         record = read_document(RunExit, path)
         assert (record.cause, record.status) == ("stopped", 75), record
+    spec, samples = job.spec, job.samples
 
     # ---- what each run trained on --------------------------------------------------------
     rows = read_rows(samples)
@@ -174,7 +88,7 @@ def test_ddp_script_moves_1_2_4_gpus_across_types(
         assert (row["gpu_type"], row["replicas"], row["local_bsz"], row["accum_steps"]) == (
             shapes[row["restarts"]]
         )
-        assert len(row["indices"]) <= limit(row["gpu_type"])
+        assert len(row["indices"]) <= LIMITS[row["gpu_type"]]
     for (restarts, _step), step_rows in per_step.items():
         replicas, micro = shapes[restarts][1], shapes[restarts][3] + 1
         full = sum(len(r["indices"]) for r in step_rows) == replicas * micro * shapes[restarts][2]

@@ -1,17 +1,19 @@
 """The Lightning example (launcher/examples/lightning_elastic.py) under sia-launch on the real
-dev cluster: 2 a100 GPUs started by torchrun inside a Slurm batch step, whose SLURM_*
-variables Lightning must not take for its ranks; it trains two epochs with gradient
-accumulation, every sample once per epoch across the ranks, and completes (the launcher's exit
-record says so, from rank 0's training record)."""
+dev cluster. Moved 1 -> 2 -> 4 GPUs across types as the DDP example is; and to completion on 2
+a100 GPUs started by torchrun inside a Slurm batch step, whose SLURM_* variables Lightning must
+not take for its ranks: two epochs with gradient accumulation, every sample once per epoch
+across the ranks, completed (the launcher's exit record says so, from rank 0's training
+record)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from sia_slurm.config import load_config
 from sia_slurm.devcluster import DevCluster
 from sia_slurm.protocol import Assignment, JobSpec, RunExit, StatePaths, exit_name, read_document
 from sia_slurm.protocol import write_document as write
+from tests.launcher.moves import MovingJob, read_rows, steps_of
 from tests.launcher.test_slurm_job import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,3 +81,62 @@ def test_the_lightning_example_trains_to_completion_on_two_gpus(
         counts = Counter(i for row in rows if row["epoch"] == epoch for i in row["indices"])
         assert sorted(counts) == list(range(DATASET)) and max(counts.values()) == 1
     assert CheckpointManager(spec.checkpoint_dir).steps()[0] == 2 * DATASET // 16
+
+
+@pytest.mark.slurm
+def test_the_lightning_example_moves_1_2_4_gpus_across_types(
+    dev_cluster: DevCluster,
+    slurm_env: dict[str, str],
+    config_path: Path,
+    tiny_profile: Path,
+    tmp_path: Path,
+) -> None:
+    """The DDP example's moves (test_slurm_elastic_ddp.py) under Lightning's Trainer: 1 t4 GPU
+    -> 2 a100 GPUs -> 4 rtx GPUs on 2 nodes with accumulation; every run stops on request
+    (checkpoint + ack), the step count goes on where it stopped, every sample once per epoch,
+    and each run trains the shape it was assigned."""
+    paths = StatePaths(load_config(config_path).state_dir)
+    job = MovingJob(
+        dev_cluster.runner(), paths, tmp_path,
+        [
+            "--config", str(config_path), "--profile", str(tiny_profile),
+            "--num-gpus", "1", "--gpu-type", "t4", "--batch-size", "16",
+            "--export=ALL,SIA_METRICS_INTERVAL_S=0.5,SIA_LINGER_S=120", "--",
+            "python", "-m", "launcher.examples.lightning_elastic", "--epochs", "1000",
+            "--dataset-size", str(DATASET), "--workers", "0",
+            "--sample-log", str(tmp_path / "samples"),
+        ],
+        slurm_env,
+    )  # fmt: skip
+    job.start("t4", 1, 16)
+    job.wait_for_steps(0, 6, "t4", 180)
+    plan = [(2, "a100", 1, 2, 32), (3, "rtx", 2, 4, 48)]
+    for run, (round_index, gpu_type, nodes, gpus, batch) in enumerate(plan, start=1):
+        job.stop(round_index, run - 1)
+        job.move(round_index, run, gpu_type, nodes, gpus, batch)
+        job.wait_for_steps(run, 6, gpu_type, 240)
+    job.stop(4, 2)
+    job.runner.run(["scancel", job.job_id])
+    for run in range(3):
+        path = paths.job_dir(job.sia_id) / exit_name(job.job_id, run)
+        wait_for(f"exit record of run {run}", path.exists, 60, job.job_out)
+        record = read_document(RunExit, path)
+        assert (record.cause, record.status) == ("stopped", 75), record
+
+    rows = read_rows(job.samples)
+    runs = [sorted(steps_of(rows, run)) for run in range(3)]
+    assert runs[0][0] == 0
+    for before, after in itertools.pairwise(runs):
+        assert after == list(range(before[-1] + 1, before[-1] + 1 + len(after)))  # continuous
+    shapes = {0: ("t4", 1, 16, 0), 1: ("a100", 2, 16, 0), 2: ("rtx", 4, 6, 1)}
+    for row in rows:
+        shape = (row["gpu_type"], row["replicas"], row["local_bsz"], row["accum_steps"])
+        assert shape == shapes[row["restarts"]], row
+    epochs: dict[int, Counter[int]] = defaultdict(Counter)
+    for row in rows:
+        epochs[row["epoch"]].update(row["indices"])
+    last = max(epochs)
+    for epoch, counts in epochs.items():
+        assert max(counts.values()) == 1, f"epoch {epoch} repeated samples"
+        if epoch < last:
+            assert sorted(counts) == list(range(DATASET)), f"epoch {epoch} skipped samples"
