@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from sia_slurm.cluster import (
@@ -38,6 +38,7 @@ from sia_slurm.policy.base import (
     Policy,
     PolicyInput,
 )
+from sia_slurm.policy.entitlement import owed_gpus
 from sia_slurm.policy.limits import GpuLimit
 from sia_slurm.policy.placement import Placement, place
 from sia_slurm.policy.shares import (
@@ -120,9 +121,9 @@ class Controller:
             previous=self.previous,
             now=snapshot.time,
             round_index=self.round_index,
-            weights=self._weights(live, snapshot),
             limits=self._limits(live, snapshot),
         )
+        policy_input = replace(policy_input, weights=self._weights(live, snapshot, policy_input))
         allocation = self.policy.solve(policy_input)
         t2 = time.perf_counter()
         placement = place(cluster, allocation, views)
@@ -190,20 +191,26 @@ class Controller:
             return [f"metrics for {report.sia_id}: {exc}; ignored"]
         return []
 
-    def _weights(self, live: list[JobSnapshot], snapshot: ClusterSnapshot) -> dict[str, float]:
+    def _weights(
+        self, live: list[JobSnapshot], snapshot: ClusterSnapshot, policy_input: PolicyInput
+    ) -> dict[str, float]:
         """Each live job's weight from the shares (Slurm's association shares when accounting
-        is on, else the config's) and each account's recent GPU time
-        (:mod:`sia_slurm.policy.shares`)."""
+        is on, else the config's) and each account's recent GPU time against what it was
+        owed (:mod:`sia_slurm.policy.shares`, :mod:`sia_slurm.policy.entitlement`)."""
         shares = self.shares if snapshot.site is None else snapshot.site.shares()
         owners = [_owner(job) for job in live]
+        account_of = {o.job_id: shares.account_of(o.user, o.account) for o in owners}
         held: dict[str, float] = {}
         for job, owner in zip(live, owners, strict=True):
             if job.phase.holds_gpus and job.config is not None:
-                account = shares.account_of(owner.user, owner.account)
+                account = account_of[owner.job_id]
                 held[account] = held.get(account, 0.0) + job.config.gpus
-        self.usage.record(snapshot.time, held)
-        factors = self.usage.factors(account_parts(owners, shares))
-        return job_weights(owners, shares, factors)
+        parts = account_parts(owners, shares)
+        owed: dict[str, int] = {}
+        if len(parts) > 1 and self.usage.limit > 1:
+            owed = owed_gpus(self.policy, policy_input, account_of, parts)
+        self.usage.record(snapshot.time, held, owed)
+        return job_weights(owners, shares, self.usage.factors(parts))
 
     @staticmethod
     def _limits(live: list[JobSnapshot], snapshot: ClusterSnapshot) -> tuple[GpuLimit, ...]:

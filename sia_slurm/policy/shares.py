@@ -138,44 +138,48 @@ def account_parts(owners: Iterable[JobOwner], shares: SharesConfig) -> Mapping[s
 
 @dataclass
 class UsageLedger:
-    """Each account's recent GPU time, decayed with a half-life: the memory that turns static
-    shares into shares of *used* GPU time (Slurm's fair-share factor works the same way).
+    """Each account's recent GPU time against the GPU time it was owed, both decayed with a
+    half-life: the memory that turns static shares into shares of *used* GPU time (Slurm's
+    fair-share factor works the same way).
 
-    :meth:`record` adds the GPUs each account held over the last interval; :meth:`factors` gives
-    each account with live jobs ``(part / used) ** gain``, clipped to ``[1/limit, limit]``, where
-    ``part`` is its entitled fraction (:func:`account_parts`) and ``used`` its fraction of the
-    recent GPU time of those accounts. An account under its share is weighed up, one over it
-    down; before any usage every factor is 1.
+    :meth:`record` charges the GPUs each account held over the last interval and the GPUs it
+    was owed (:func:`sia_slurm.policy.entitlement.owed_gpus`: what its jobs would take alone on
+    its part of the cluster); :meth:`factors` gives each account ``owed / used``, clipped to
+    ``[1, limit]``: an account that held less than it was owed is weighed up, by as much as it
+    fell short; one that held more (GPUs the others had no use for) keeps its share. Before
+    any usage every factor is 1.
     """
 
     half_life_s: float = 3600.0
-    gain: float = 1.0
     limit: float = 8.0
     used: dict[str, float] = field(default_factory=dict)  # decayed GPU-seconds per account
+    owed: dict[str, float] = field(default_factory=dict)  # decayed GPU-seconds per account
     time: float | None = None
     held: Mapping[str, float] = field(default_factory=dict)  # GPUs per account since ``time``
+    owing: Mapping[str, float] = field(default_factory=dict)  # GPUs owed since ``time``
 
-    def record(self, now: float, held: Mapping[str, float]) -> None:
-        """Charge the GPUs held since the last call up to ``now``; ``held`` is what each
-        account holds from ``now`` on (charged at the next call)."""
+    def record(
+        self, now: float, held: Mapping[str, float], owed: Mapping[str, float] | None = None
+    ) -> None:
+        """Charge the GPUs held and owed since the last call up to ``now``; ``held`` and
+        ``owed`` are each account's from ``now`` on (charged at the next call)."""
         if self.time is not None and now > self.time:
             elapsed = now - self.time
             decay = 0.5 ** (elapsed / self.half_life_s)
-            for account in self.used:
-                self.used[account] *= decay
-            for account, gpus in self.held.items():
-                self.used[account] = self.used.get(account, 0.0) + gpus * elapsed
+            for ledger, rates in ((self.used, self.held), (self.owed, self.owing)):
+                for account in ledger:
+                    ledger[account] *= decay
+                for account, gpus in rates.items():
+                    ledger[account] = ledger.get(account, 0.0) + gpus * elapsed
         if self.time is None or now >= self.time:
             self.time = now
             self.held = dict(held)
+            self.owing = dict(owed or {})
 
-    def factors(self, parts: Mapping[str, float]) -> dict[str, float]:
-        total = sum(self.used.get(account, 0.0) for account in parts)
-        if total <= 0:
-            return dict.fromkeys(parts, 1.0)
+    def factors(self, accounts: Iterable[str]) -> dict[str, float]:
         result = {}
-        for account, part in parts.items():
-            used = self.used.get(account, 0.0) / total
-            ratio = self.limit if used <= 0 else (part / used) ** self.gain
-            result[account] = min(max(ratio, 1.0 / self.limit), self.limit)
+        for account in accounts:
+            used, owed = self.used.get(account, 0.0), self.owed.get(account, 0.0)
+            ratio = 1.0 if owed <= 0 else self.limit if used <= 0 else owed / used
+            result[account] = min(max(ratio, 1.0), self.limit)
         return result

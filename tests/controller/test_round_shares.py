@@ -54,7 +54,7 @@ def controller(policy: Recording, shares: SharesConfig | None = None) -> Control
 def test_without_accounting_every_user_gets_an_equal_share(jobs: tuple[JobSnapshot, ...]) -> None:
     policy = Recording()
     controller(policy).round(ClusterSnapshot(0.0, NODES, jobs))
-    (seen,) = policy.inputs
+    seen = policy.inputs[-1]
     assert seen.weights["p1"] == pytest.approx(3 * seen.weights["b1"])  # 1 job vs 3 jobs
     assert sum(seen.weights.values()) == pytest.approx(4) and seen.limits == ()
 
@@ -63,8 +63,20 @@ def test_config_shares_weigh_accounts(jobs: tuple[JobSnapshot, ...]) -> None:
     policy = Recording()
     shares = SharesConfig(accounts={"bio": 3, "phys": 1})
     controller(policy, shares).round(ClusterSnapshot(0.0, NODES, jobs))
-    (seen,) = policy.inputs
+    *alone, seen = policy.inputs
     assert seen.weights["b1"] == pytest.approx(seen.weights["p1"])  # 3/4 over 3 jobs vs 1/4
+    # What each account is owed: its jobs alone on its part of the cluster (bio 3/4 of the 8
+    # A100s: one whole node and half the other; phys 1/4), before the round's own solve.
+    assert [sorted(j.job_id for j in i.jobs) for i in alone] == [["b1", "b2", "b3"], ["p1"]]
+    assert [i.cluster.total_capacity for i in alone] == [6, 2]
+    assert seen.cluster.total_capacity == 8 and len(seen.jobs) == 4
+
+
+def test_static_shares_solve_once(jobs: tuple[JobSnapshot, ...]) -> None:
+    policy = Recording()
+    shares = SharesConfig(accounts={"bio": 3, "phys": 1}, usage_factor_limit=1)
+    controller(policy, shares).round(ClusterSnapshot(0.0, NODES, jobs))
+    assert len(policy.inputs) == 1
 
 
 def test_accounting_shares_and_limits_replace_the_config(jobs: tuple[JobSnapshot, ...]) -> None:
@@ -80,7 +92,7 @@ def test_accounting_shares_and_limits_replace_the_config(jobs: tuple[JobSnapshot
     outcome = controller(policy, shares).round(
         replace(ClusterSnapshot(0.0, NODES, jobs), site=site)
     )
-    (seen,) = policy.inputs
+    seen = policy.inputs[-1]
     assert seen.weights["p1"] == pytest.approx(9 * seen.weights["b1"])  # 3:1 for phys, 3 jobs
     (limit,) = seen.limits
     assert limit.job_ids == {"b1", "b2", "b3"} and limit.gpus == 2

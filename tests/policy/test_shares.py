@@ -83,26 +83,36 @@ def test_only_accounts_with_live_jobs_split_the_cluster() -> None:
     assert set(weights.values()) == {1.0}
 
 
-def test_usage_factors_weigh_up_the_account_under_its_share() -> None:
+def test_usage_factors_weigh_up_the_account_short_of_what_it_was_owed() -> None:
     ledger = UsageLedger(half_life_s=3600)
-    ledger.record(0.0, {"big": 48, "small": 16})
-    ledger.record(600.0, {"big": 48, "small": 16})
-    factors = ledger.factors({"big": 0.5, "small": 0.5})
-    assert factors["small"] == pytest.approx(0.5 / 0.25)
-    assert factors["big"] == pytest.approx(0.5 / 0.75)
+    ledger.record(0.0, {"big": 48, "small": 8}, {"big": 32, "small": 16})
+    ledger.record(600.0, {"big": 48, "small": 8}, {"big": 32, "small": 16})
+    factors = ledger.factors(["big", "small"])
+    assert factors["small"] == pytest.approx(16 / 8)  # held half what it was owed
+    assert factors["big"] == 1.0  # held more than owed: GPUs small had no use for; not weighed down
     weights = job_weights(owners(("big", "u", 1), ("small", "v", 1)), EQUAL_USERS, factors)
-    assert weights["small-v-0"] > weights["big-u-0"]
+    assert weights["small-v-0"] == pytest.approx(2 * weights["big-u-0"])
+
+
+def test_an_account_that_holds_what_it_is_owed_banks_nothing() -> None:
+    """Owed only what its jobs would take on its slice: an account that cannot use half the
+    cluster is not weighed up for the half it leaves (the bank that over-served it later)."""
+    ledger = UsageLedger(half_life_s=3600)
+    for t in (0.0, 600.0, 1200.0):
+        ledger.record(t, {"big": 60, "small": 4}, {"big": 32, "small": 4})
+    assert ledger.factors(["big", "small"]) == {"big": 1.0, "small": 1.0}
 
 
 def test_usage_decays_and_is_clipped() -> None:
     ledger = UsageLedger(half_life_s=100.0, limit=8.0)
-    ledger.record(0.0, {"a": 10})
-    ledger.record(100.0, {})
+    ledger.record(0.0, {"a": 10}, {"a": 10, "b": 4})
+    ledger.record(100.0, {}, {})
     assert ledger.used["a"] == pytest.approx(1000.0)
     ledger.record(200.0, {})
     assert ledger.used["a"] == pytest.approx(500.0)  # halved after one half-life
-    factors = ledger.factors({"a": 0.5, "b": 0.5})
-    assert factors == {"a": 0.5, "b": 8.0}  # b never ran: weighed up as far as the clip
+    assert ledger.owed["b"] == pytest.approx(200.0)
+    factors = ledger.factors(["a", "b", "c"])
+    assert factors == {"a": 1.0, "b": 8.0, "c": 1.0}  # b never ran: up to the clip; c owed nothing
 
 
 def test_shares_config_rejects_non_positive_shares() -> None:
