@@ -219,7 +219,8 @@ class GavelPolicy:
         shapes, throughput = requested_shapes(policy_input)
         gpus = np.array([job.requested_gpus for job in policy_input.jobs], dtype=float)
         capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
-        targets = solve_lp(throughput, gpus, capacity, self.config.objective)
+        weights = np.array([policy_input.weight(job.job_id) for job in policy_input.jobs])
+        targets = solve_lp(throughput, gpus, capacity, self.config.objective, weights)
         pairs = ranked_pairs(policy_input, shapes, targets, received, type_time)
         if self.config.workers == "any":
             requests = schedule(policy_input, pairs)

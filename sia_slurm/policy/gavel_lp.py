@@ -8,9 +8,13 @@ second (0 where it cannot run). Every objective shares the constraints ``X >= 0`
   normalisation. This is the objective the Sia artifact runs Gavel with for Sia's evaluation
   (its ``max_sum_throughput_perf``, whose throughput is ``1 / iteration time``), so it is our
   ``gavel`` baseline's default;
-- ``max_min_fairness``: maximise ``min_job sum_type T X / T_ref``, Gavel's paper default, with
-  ``T_ref`` the job's throughput under an equal time share of every type it can run on, so each
-  job's units and GPU count cancel;
+- ``max_min_fairness``: maximise ``min_job sum_type T X / (w T_ref)``, Gavel's paper default,
+  with ``T_ref`` the job's throughput under an equal time share of every type it can run on, so
+  each job's units and GPU count cancel, and ``w`` the job's weight: Gavel's hierarchical
+  policy (fairness across accounts, then users, then jobs; weights from
+  :mod:`sia_slurm.policy.shares`, 1 for everyone without shares). Gavel's own hierarchical
+  policy water-fills (re-solves for the jobs the first LP did not bottleneck); this is its
+  first LP, the weighted max-min;
 - ``max_total_throughput``: maximise ``sum T X / T_ref``, the normalised sum.
 
 Equal optima: jobs with the same GPU count and throughputs are interchangeable, so the optimal
@@ -49,12 +53,20 @@ def normalised(throughput: np.ndarray, gpus: np.ndarray, capacity: np.ndarray) -
 
 
 def solve_lp(
-    throughput: np.ndarray, gpus: np.ndarray, capacity: np.ndarray, objective: str
+    throughput: np.ndarray,
+    gpus: np.ndarray,
+    capacity: np.ndarray,
+    objective: str,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The optimal ``X[job, type]`` for ``objective`` (zeros where the LP fails, logged)."""
+    """The optimal ``X[job, type]`` for ``objective`` (zeros where the LP fails, logged).
+    ``weights`` (per job, > 0; default all 1) weigh ``max_min_fairness`` only: the other two
+    objectives have no hierarchy in Gavel."""
     n_jobs, n_types = throughput.shape
     if n_jobs == 0:
         return np.zeros((0, n_types))
+    if weights is None or objective != "max_min_fairness":
+        weights = np.ones(n_jobs)
     feasible = throughput > 0
     runnable = feasible.any(axis=1)
     n_x = n_jobs * n_types
@@ -75,8 +87,8 @@ def solve_lp(
         b_ub = np.r_[np.ones(n_jobs), capacity]
         cost = -normalised(throughput, gpus, capacity).ravel()
     else:  # max-min: variables X then t; t <= normalised throughput of every runnable job
-        weights = normalised(throughput, gpus, capacity).ravel()
-        fair_rows = sparse.csr_array((-weights, (owner, column)), shape=(n_jobs, n_x))
+        scaled = (normalised(throughput, gpus, capacity) / weights[:, None]).ravel()
+        fair_rows = sparse.csr_array((-scaled, (owner, column)), shape=(n_jobs, n_x))
         a_ub = sparse.vstack(
             [
                 sparse.hstack([fair_rows, runnable.astype(float)[:, None]]),
@@ -91,14 +103,17 @@ def solve_lp(
     if result.x is None:
         logger.warning("Gavel LP failed (%s); no job gets a target share", result.message)
         return np.zeros((n_jobs, n_types))
-    x = share_ties(result.x[:n_x].reshape(n_jobs, n_types), throughput, gpus)
+    x = share_ties(result.x[:n_x].reshape(n_jobs, n_types), throughput, gpus, weights)
     return np.clip(np.round(x, DECIMALS), 0.0, 1.0)
 
 
-def share_ties(x: np.ndarray, throughput: np.ndarray, gpus: np.ndarray) -> np.ndarray:
-    """``x`` averaged over each group of jobs with the same GPU count and throughputs (equal to a
-    relative 1e-9), as an interior-point solution would share them."""
-    values = np.column_stack([gpus, throughput])
+def share_ties(
+    x: np.ndarray, throughput: np.ndarray, gpus: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """``x`` averaged over each group of jobs with the same GPU count, throughputs and weight
+    (equal to a relative 1e-9), as an interior-point solution would share them."""
+    weights = np.ones(len(gpus)) if weights is None else weights
+    values = np.column_stack([gpus, weights, throughput])
     keys = np.where(values > 0, np.round(np.log(np.maximum(values, 1e-300)), 9), -np.inf)
     _, group = np.unique(keys, axis=0, return_inverse=True)
     group = group.reshape(-1)

@@ -19,6 +19,7 @@ from sia_slurm.policy.gavel import (
     solve_lp,
 )
 from sia_slurm.policy.placement import place
+from sia_slurm.policy.shares import JobOwner, SharesConfig, job_weights
 from sia_slurm.policy.testing import SyntheticEstimator, TableEstimator, make_cluster
 from sia_slurm.policy.workers import (
     WorkerAssignmentError,
@@ -62,6 +63,34 @@ def test_max_sum_throughput_maximises_raw_throughput_without_normalising():
     assert solve_lp(throughput, gpus, capacity, "max_min_fairness")[:, 0] == pytest.approx(
         [0.5, 0.5]
     )
+
+
+def test_hierarchical_max_min_fairness_splits_across_accounts_then_within():
+    """Gavel's hierarchy: accounts 1:1, account A with three jobs, B with one (weights from
+    policy/shares.py: 4 * 1/2 / 3 and 4 * 1/2). Two GPUs: each account gets one GPU's time,
+    A's split between its three jobs; without weights every job gets half a GPU."""
+    throughput = np.array([[1.0]] * 4)
+    gpus, capacity = np.ones(4), np.array([2.0])
+    weights = job_weights(
+        [JobOwner(f"a{i}", "ann", "A") for i in range(3)] + [JobOwner("b0", "bob", "B")],
+        SharesConfig(accounts={"A": 1, "B": 1}),
+    )
+    w = np.array([weights[j] for j in ("a0", "a1", "a2", "b0")])
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness", w)[:, 0]
+    assert x == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0], abs=1e-5)
+    assert solve_lp(throughput, gpus, capacity, "max_min_fairness")[:, 0] == pytest.approx(
+        [0.5] * 4, abs=1e-5
+    )
+    # The raw-throughput objective has no hierarchy in Gavel: weights leave it alone.
+    plain = solve_lp(throughput, gpus, capacity, "max_sum_throughput")
+    assert solve_lp(throughput, gpus, capacity, "max_sum_throughput", w) == pytest.approx(plain)
+
+    # The policy passes the round's weights: B's only job runs in the first round.
+    cluster = make_cluster([("A", 1, 2)])
+    jobs = tuple(rigid(j, 1, {"A": 1}) for j in ("a0", "a1", "a2", "b0"))
+    fair = GavelPolicy(GavelPolicyConfig(objective="max_min_fairness"))
+    assert "b0" in fair.solve(PolicyInput(cluster, jobs, weights=weights)).jobs
+    assert "b0" not in fair.solve(PolicyInput(cluster, jobs)).jobs  # ties: input order
 
 
 def test_max_sum_throughput_respects_gpu_and_job_constraints():
