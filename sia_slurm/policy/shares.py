@@ -142,12 +142,13 @@ class UsageLedger:
     half-life: the memory that turns static shares into shares of *used* GPU time (Slurm's
     fair-share factor works the same way).
 
-    :meth:`record` charges the GPUs each account held over the last interval and the GPUs it
-    was owed (:func:`sia_slurm.policy.entitlement.owed_gpus`: what its jobs would take alone on
-    its part of the cluster); :meth:`factors` gives each account ``owed / used``, clipped to
-    ``[1, limit]``: an account that held less than it was owed is weighed up, by as much as it
-    fell short; one that held more (GPUs the others had no use for) keeps its share. Before
-    any usage every factor is 1.
+    :meth:`record` charges the GPUs each account was owed over the last interval
+    (:func:`sia_slurm.policy.entitlement.owed_gpus`: what its jobs would take alone on its part
+    of the cluster) and the GPUs it held, up to those owed; :meth:`factors` gives each account
+    ``owed / used``, clipped to ``[1, limit]``: an account that held less than it was owed is
+    weighed up, by as much as it fell short over the last half-lives. GPUs held beyond what
+    was owed (that no other account wanted) neither count against it later nor weigh it down.
+    Before any usage every factor is 1.
     """
 
     half_life_s: float = 3600.0
@@ -166,7 +167,10 @@ class UsageLedger:
         if self.time is not None and now > self.time:
             elapsed = now - self.time
             decay = 0.5 ** (elapsed / self.half_life_s)
-            for ledger, rates in ((self.used, self.held), (self.owed, self.owing)):
+            # Held GPUs count up to what was owed: GPUs no other account wanted are free, and
+            # must not cancel a later shortfall.
+            got = {a: min(gpus, self.owing.get(a, 0.0)) for a, gpus in self.held.items()}
+            for ledger, rates in ((self.used, got), (self.owed, self.owing)):
                 for account in ledger:
                     ledger[account] *= decay
                 for account, gpus in rates.items():

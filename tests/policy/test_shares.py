@@ -103,6 +103,15 @@ def test_an_account_that_holds_what_it_is_owed_banks_nothing() -> None:
     assert ledger.factors(["big", "small"]) == {"big": 1.0, "small": 1.0}
 
 
+def test_gpus_beyond_what_was_owed_do_not_cancel_a_later_shortfall() -> None:
+    ledger = UsageLedger(half_life_s=1e9)  # no decay: the sums are exact
+    ledger.record(0.0, {"small": 16}, {"small": 8})  # 8 GPUs nobody else wanted
+    ledger.record(600.0, {"small": 4}, {"small": 8})  # then short by half
+    ledger.record(1200.0, {}, {})
+    assert ledger.used["small"] == pytest.approx((8 + 4) * 600)
+    assert ledger.factors(["small"])["small"] == pytest.approx(16 / 12)
+
+
 def test_usage_decays_and_is_clipped() -> None:
     ledger = UsageLedger(half_life_s=100.0, limit=8.0)
     ledger.record(0.0, {"a": 10}, {"a": 10, "b": 4})
