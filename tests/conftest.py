@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
+from sia_slurm.devcluster.accounting import AccountingSpec
+from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_PORT_OFFSET, ACCOUNTING_SPEC
 from tests.accounts import (
     SharedTmp,
     TestAccounts,
@@ -122,3 +124,21 @@ def slurm_env(dev_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> dict[
     for key, value in dev_cluster.env.items():
         monkeypatch.setenv(key, value)
     return dev_cluster.env
+
+
+@pytest.fixture(scope="session")
+def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
+    """A dev cluster of the session's Slurm release with accounting: ``biology`` limited to 4
+    GPUs (GrpTRES), ``physics`` twice its share, QOS ``short`` at 6 GPUs per user."""
+    cluster = DevCluster(
+        shared_tmp.mktemp("accounting-cluster"),
+        port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET,
+        slurm_user=test_accounts.service.name,
+        slurm=TEST_SLURM,
+        accounting=AccountingSpec.parse(ACCOUNTING_SPEC, "ACCOUNTING_SPEC"),
+    )
+    cluster.up(DevClusterSpec.parse(ACCOUNTING_CLUSTER))
+    try:
+        yield cluster
+    finally:
+        cluster.down()

@@ -48,6 +48,8 @@ class FakeDebootstrap:
                 (target / "debootstrap" / "debootstrap.log").write_text("E: Couldn't download\n")
                 raise CommandError(argv, 1, "E: Couldn't download packages")
             return CommandResult(tuple(argv), 0, "I: Base system installed successfully.\n", "")
+        if argv[0] == "chroot" and "dpkg-query" in argv:
+            return CommandResult(tuple(argv), 0, "install ok installed", "")
         if argv[0] == "chroot":
             return CommandResult(tuple(argv), 0, f"slurm {self.version}\n", "")
         return CommandResult(tuple(argv), 0, "", "")
@@ -62,7 +64,7 @@ def test_releases_suites_and_command_lines() -> None:
     assert debootstrap_argv("forky", Path("/r/.26.05.partial-7")) == [
         "debootstrap",
         "--variant=minbase",
-        "--include=slurmctld,slurmd,slurm-client,munge,python3",
+        "--include=slurmctld,slurmd,slurmdbd,slurm-client,munge,python3",
         "forky",
         "/r/.26.05.partial-7",
         "http://deb.debian.org/debian",
@@ -133,6 +135,55 @@ def test_builds_once_then_reuses(tmp_path: Path) -> None:
     assert ensure_root("24.11", tmp_path, runner=again, log=said.append) == built
     assert [call[0] for call in again.calls] == ["chroot"]  # checked, not rebuilt
     assert said[-1] == f"Slurm 24.11.5 (Debian trixie) already in {tmp_path / '24.11'}"
+
+
+def test_a_root_built_without_slurmdbd_gets_it_added_once(tmp_path: Path) -> None:
+    """Roots cached before accounting ran from them lack slurmdbd: apt-get adds it inside the
+    root (no service started there), and the marker records it."""
+    built = ensure_root("24.11", tmp_path, runner=FakeDebootstrap())
+    marker = json.loads((built.path / MARKER).read_text())
+    marker["packages"] = "slurmctld,slurmd,slurm-client,munge,python3"
+    (built.path / MARKER).write_text(json.dumps(marker))
+    runner = FakeDebootstrap()
+    ensure_root("24.11", tmp_path, runner=runner)
+    root = str(built.path)
+    install = ["chroot", root, "apt-get", "install", "-y", "-qq", "--no-install-recommends"]
+    assert runner.calls[:2] == [
+        [*install, "slurmdbd"],
+        ["chroot", root, "dpkg-query", "-W", "-f=${Status}", "slurmdbd"],
+    ]
+    assert (built.path / "usr/sbin/policy-rc.d").read_text().endswith("exit 101\n")
+    packages = json.loads((built.path / MARKER).read_text())["packages"].split(",")
+    assert packages[-1] == "slurmdbd"
+    again = FakeDebootstrap()
+    ensure_root("24.11", tmp_path, runner=again)
+    assert [call[2] for call in again.calls] == ["/usr/sbin/slurmctld"]  # only the version check
+
+
+def test_stale_lists_are_updated_and_a_failed_add_is_an_error(tmp_path: Path) -> None:
+    built = ensure_root("26.05", tmp_path, runner=FakeDebootstrap("26.05.5"))
+    marker = json.loads((built.path / MARKER).read_text())
+    (built.path / MARKER).write_text(json.dumps({**marker, "packages": "slurmctld"}))
+
+    class StaleLists(FakeDebootstrap):
+        def run(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
+            if "dpkg-query" in argv:
+                self.calls.append(list(argv))
+                return CommandResult(tuple(argv), 1, "unknown ok not-installed", "")
+            if "install" in argv and not [c for c in self.calls if "update" in c]:
+                self.calls.append(list(argv))
+                raise CommandError(argv, 100, "E: Failed to fetch ... 404 Not Found")
+            return super().run(argv, check=check)
+
+    runner = StaleLists("26.05.5")
+    with pytest.raises(RootError, match=r"(?s)could not add slurmdbd to .*build it"):
+        ensure_root("26.05", tmp_path, runner=runner)
+    assert [call[2:4] for call in runner.calls[:3]] == [
+        ["apt-get", "install"],
+        ["apt-get", "update"],
+        ["apt-get", "install"],
+    ]
+    assert "slurmdbd" not in (built.path / MARKER).read_text()
 
 
 def test_an_unfinished_build_is_removed_and_built_again(tmp_path: Path) -> None:

@@ -136,7 +136,8 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     is_flag=True,
     help="Run Slurm accounting: slurmdbd on a MariaDB server (data under DIR/db), with the "
     "accounts, users, QOS and GPU limits of --accounts created by sacctmgr; slurmctld then "
-    "enforces them and stores job comments (host Slurm only).",
+    "enforces them and stores job comments. With --slurm 24.11/26.05 the root's own slurmdbd "
+    "runs (added to a root built without it), on the host's MariaDB.",
 )
 @click.option(
     "--accounts",

@@ -36,13 +36,14 @@ from typing import Any
 
 import yaml
 
-from sia_slurm.devcluster.chroot import SYSTEM
+from sia_slurm.devcluster.chroot import SYSTEM, SlurmPrograms
 from sia_slurm.devcluster.faults import DevClusterError
 from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon
 from sia_slurm.devcluster.render import ClusterLayout
 from sia_slurm.devcluster.spec import DevClusterSpec
 
 PACKAGES = "slurmdbd mariadb-server"
+DB_PACKAGES = "mariadb-server libmariadb3"
 DB_USER = "mysql"
 DATABASE = "siadev_acct_db"
 
@@ -307,22 +308,68 @@ def sacctmgr_commands(spec: AccountingSpec, cluster: str) -> list[list[str]]:
     return commands
 
 
-def find_accounting_binaries() -> dict[str, str]:
-    """mariadbd, mariadb-install-db, mariadb (client), slurmdbd and sacctmgr, or an error
-    naming the Debian packages."""
+@dataclass(frozen=True)
+class AccountingPrograms:
+    """The programs accounting runs. MariaDB is always the host's (any of these releases'
+    slurmdbd works with Debian 12's MariaDB 10.11); slurmdbd and sacctmgr are the cluster's
+    release, the host's or its root's (argv prefixes: ``chroot <root> /usr/sbin/slurmdbd``).
+
+    A root's slurmdbd runs with the host's MariaDB client library (``client_library``, copied
+    under the cluster's directory and put first on its ``LD_LIBRARY_PATH``): with the one of
+    Debian 13 and later (Connector/C 3.4, libmariadb3 11.8.9) every query of slurmdbd 24.11 and
+    26.05 fails ("Number of columns in result (=1) set exceeds maximum allowed number of
+    columns (=0)", on MariaDB 10.11 and 11.8 alike), and it refuses a server without TLS.
+    Debian 12's (Connector/C 3.3, the same soname) serves both releases."""
+
+    mariadbd: str
+    install_db: str
+    mariadb: str
+    slurmdbd: list[str]
+    sacctmgr: list[str]
+    client_library: Path | None = None  # for a root's slurmdbd
+
+
+CLIENT_LIBRARY = "libmariadb.so.3"
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+def find_client_library(dirs: Sequence[str] = LIBRARY_DIRS) -> Path | None:
+    """The host's MariaDB client library (Debian's libmariadb3), if installed."""
+    for directory in dirs:
+        path = Path(directory) / CLIENT_LIBRARY
+        if path.exists():
+            return path.resolve()
+    return None
+
+
+def find_accounting_programs(programs: SlurmPrograms) -> AccountingPrograms:
+    """MariaDB's programs on the host and the release's slurmdbd and sacctmgr (a root's with
+    the host's client library), or an error naming the Debian packages to install."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
-    names = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacctmgr")
+    names = ["mariadbd", "mariadb-install-db", "mariadb"]
+    if programs.release == SYSTEM:
+        names += ["slurmdbd", "sacctmgr"]
     found = {name: shutil.which(name, path=path) for name in names}
     missing = [name for name, where in found.items() if where is None]
+    library = None if programs.release == SYSTEM else find_client_library()
+    if programs.release != SYSTEM and library is None:
+        missing.append(CLIENT_LIBRARY)
     if missing:
         raise DevClusterError(
             f"--accounting needs {', '.join(missing)}: apt-get install -y "
-            f"--no-install-recommends {PACKAGES}"
+            f"--no-install-recommends {PACKAGES if programs.release == SYSTEM else DB_PACKAGES}"
         )
-    return {name: str(where) for name, where in found.items()}
+    if programs.release == SYSTEM:
+        slurmdbd, sacctmgr = [str(found["slurmdbd"])], [str(found["sacctmgr"])]
+    else:
+        slurmdbd, sacctmgr = programs.argv("slurmdbd"), programs.argv("sacctmgr")
+    return AccountingPrograms(
+        str(found["mariadbd"]), str(found["mariadb-install-db"]), str(found["mariadb"]),
+        slurmdbd, sacctmgr, library,
+    )  # fmt: skip
 
 
-def start_mariadb(layout: AccountingLayout, binaries: Mapping[str, str]) -> DaemonRecord:
+def start_mariadb(layout: AccountingLayout, binaries: AccountingPrograms) -> DaemonRecord:
     """Initialise the database directory if new, start mariadbd as ``mysql`` (unprivileged,
     127.0.0.1 only) and wait for its socket."""
     try:
@@ -337,7 +384,7 @@ def start_mariadb(layout: AccountingLayout, binaries: Mapping[str, str]) -> Daem
     if not (layout.db_dir / "mysql").is_dir():
         _setup(
             [
-                binaries["mariadb-install-db"],
+                binaries.install_db,
                 "--no-defaults",
                 f"--user={DB_USER}",
                 f"--datadir={layout.db_dir}",
@@ -353,7 +400,7 @@ def start_mariadb(layout: AccountingLayout, binaries: Mapping[str, str]) -> Daem
     record = start_daemon(
         "mariadbd",
         [
-            binaries["mariadbd"],
+            binaries.mariadbd,
             "--no-defaults",
             f"--user={DB_USER}",
             f"--datadir={layout.db_dir}",
@@ -378,7 +425,7 @@ def wait_for_mariadb(layout: AccountingLayout, record: DaemonRecord) -> None:
     _wait(lambda: layout.mariadb_socket.exists(), record, 60, layout.log_dir / "mariadb.log")
 
 
-def grant_slurmdbd(layout: AccountingLayout, binaries: Mapping[str, str]) -> str:
+def grant_slurmdbd(layout: AccountingLayout, binaries: AccountingPrograms) -> str:
     """Create (or reset) the database user slurmdbd logs in as; return its password, which
     lives only in slurmdbd.conf (mode 600, SlurmUser's)."""
     password = secrets.token_hex(12)
@@ -389,7 +436,7 @@ def grant_slurmdbd(layout: AccountingLayout, binaries: Mapping[str, str]) -> str
     )
     _setup(
         [
-            binaries["mariadb"],
+            binaries.mariadb,
             "--no-defaults",
             "-S",
             str(layout.mariadb_socket),
@@ -420,29 +467,39 @@ def write_slurmdbd_conf(
 
 
 def start_slurmdbd(
-    layout: AccountingLayout, binaries: Mapping[str, str], env: Mapping[str, str]
+    layout: AccountingLayout, binaries: AccountingPrograms, env: Mapping[str, str]
 ) -> DaemonRecord:
-    """slurmdbd in the foreground, reading slurmdbd.conf from SLURM_CONF's directory."""
-    return start_daemon(
-        "slurmdbd",
-        [binaries["slurmdbd"], "-D"],
-        layout.log_dir / "slurmdbd.out",
-        marker=f"slurmdbd:{layout.slurmdbd_conf}",
-        env=env,
-    )
+    """slurmdbd in the foreground, reading slurmdbd.conf from SLURM_CONF's directory; a
+    root's with the host's MariaDB client library (:class:`AccountingPrograms` says why).
+
+    slurmdbd has no option naming our files, so its command line carries the marker as its
+    ``argv[0]`` (:func:`start_daemon` sets it for a program run directly; inside a root,
+    where ``chroot`` would reset it, the root's bash execs it under that name)."""
+    marker = f"slurmdbd:{layout.slurmdbd_conf}"
+    *prefix, program = binaries.slurmdbd
+    argv = [program, "-D"]
+    env = dict(env)
+    if prefix:
+        argv = [*prefix, "/bin/bash", "-c", f'exec -a "$0" {program} -D', marker]
+    if binaries.client_library is not None:
+        lib_dir = layout.root / "lib"
+        lib_dir.mkdir(exist_ok=True)
+        shutil.copyfile(binaries.client_library, lib_dir / CLIENT_LIBRARY)
+        env["LD_LIBRARY_PATH"] = str(lib_dir)
+    return start_daemon("slurmdbd", argv, layout.log_dir / "slurmdbd.out", marker=marker, env=env)
 
 
 def wait_for_slurmdbd(
     layout: AccountingLayout,
     record: DaemonRecord,
-    binaries: Mapping[str, str],
+    binaries: AccountingPrograms,
     env: Mapping[str, str],
 ) -> None:
     """Until ``sacctmgr`` gets an answer from slurmdbd."""
 
     def answers() -> bool:
         proc = subprocess.run(
-            [binaries["sacctmgr"], "-n", "-P", "show", "cluster"],
+            [*binaries.sacctmgr, "-n", "-P", "show", "cluster"],
             capture_output=True,
             text=True,
             env={**os.environ, **env},
@@ -454,7 +511,7 @@ def wait_for_slurmdbd(
     _wait(answers, record, 60, layout.log_dir / "slurmdbd.log", every_s=0.5)
 
 
-def register_cluster(cluster: str, binaries: Mapping[str, str], env: Mapping[str, str]) -> None:
+def register_cluster(cluster: str, binaries: AccountingPrograms, env: Mapping[str, str]) -> None:
     """The cluster's record in slurmdbd, before slurmctld first registers with it."""
     _sacctmgr(["add", "cluster", cluster], binaries, env)
 
@@ -462,7 +519,7 @@ def register_cluster(cluster: str, binaries: Mapping[str, str], env: Mapping[str
 def create_associations(
     spec: AccountingSpec,
     cluster: str,
-    binaries: Mapping[str, str],
+    binaries: AccountingPrograms,
     env: Mapping[str, str],
     timeout_s: float = 60.0,
 ) -> None:
@@ -480,8 +537,8 @@ def create_associations(
         _sacctmgr(command, binaries, env)
 
 
-def _sacctmgr(command: list[str], binaries: Mapping[str, str], env: Mapping[str, str]) -> str:
-    argv = [binaries["sacctmgr"], "-i", *command]
+def _sacctmgr(command: list[str], binaries: AccountingPrograms, env: Mapping[str, str]) -> str:
+    argv = [*binaries.sacctmgr, "-i", *command]
     proc = subprocess.run(
         argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=30, check=False
     )
@@ -537,13 +594,13 @@ class AccountingSteps:
             ports += [layout.mariadb_port, layout.slurmdbd_port]
         return ports
 
-    def _start_accounting(self, spec: DevClusterSpec, records: list[DaemonRecord]) -> None:
+    def _start_accounting(
+        self, spec: DevClusterSpec, records: list[DaemonRecord], programs: SlurmPrograms
+    ) -> None:
         """MariaDB, slurmdbd and the spec's associations, before slurmctld starts (which then
         registers with slurmdbd and enforces the associations' limits)."""
         assert self.accounting is not None
-        if self._slurm != SYSTEM:
-            raise DevClusterError("--accounting runs on the host's Slurm only (--slurm system)")
-        binaries = find_accounting_binaries()
+        binaries = find_accounting_programs(programs)
         layout = self.accounting_layout(spec)
         records.append(start_mariadb(layout, binaries))
         self._save(spec, records)
@@ -556,11 +613,11 @@ class AccountingSteps:
         wait_for_slurmdbd(layout, records[-1], binaries, self.env)
         register_cluster("siadev", binaries, self.env)
 
-    def _create_associations(self) -> None:
+    def _create_associations(self, programs: SlurmPrograms) -> None:
         """The spec's accounts, users, QOS and limits, with an association for the invoking
         user and SlurmUser (so the cluster's own checks and the controller keep working)."""
         if self.accounting is None:
             return
-        binaries = find_accounting_binaries()
+        binaries = find_accounting_programs(programs)
         users = [self.layout.user, self.layout.controller_user]
         create_associations(self.accounting.with_users(users), "siadev", binaries, self.env)

@@ -51,8 +51,11 @@ from sia_slurm.devcluster.roots import MARKER, mounts_under
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 
 SYSTEM = "system"
-DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
-CLIENTS = ("squeue", "scontrol", "sbatch", "scancel", "sinfo", "srun", "sacct", "salloc", "sstat")
+DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "slurmdbd")
+CLIENTS = (
+    "squeue", "scontrol", "sbatch", "scancel", "sinfo", "srun", "sacct", "salloc", "sstat",
+    "sacctmgr", "sshare",
+)  # fmt: skip
 # Where Debian puts each program (inside a root; on the host PATH is searched).
 _SBIN = frozenset(DAEMONS)
 # Host directories a bind must never cover: the root's own system lives there. A Python under

@@ -193,11 +193,11 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
             records.append(self._start_munge(programs))
             self._save(spec, records)
             if self.accounting is not None:
-                self._start_accounting(spec, records)
+                self._start_accounting(spec, records, programs)
             records.append(self._start_slurmctld(programs, clear_state=True))
             self._save(spec, records)
             self._wait_for_controller(records[-1], timeout_s)
-            self._create_associations()
+            self._create_associations(programs)
             for node in spec.node_names():
                 records.append(self._start_slurmd(programs, node))
             self._save(spec, records)

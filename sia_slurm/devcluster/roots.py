@@ -1,7 +1,8 @@
 """Debian roots that hold one Slurm release each, for a dev cluster of a release the host lacks.
 
 ``sia-slurm dev-cluster root 24.11`` builds, once, with ``debootstrap --variant=minbase``, a
-Debian root whose packages ``slurmctld slurmd slurm-client munge python3`` are that release, and
+Debian root whose packages ``slurmctld slurmd slurmdbd slurm-client munge python3`` are that
+release, and
 keeps it under the cache directory (``/var/cache/sia-slurm/roots/<release>``, or
 ``$SIA_SLURM_ROOTS/<release>``). The daemons and client commands then run as
 ``chroot <root> ...`` (``scripts/capture_slurm_fixtures.py`` does that by hand).
@@ -34,7 +35,10 @@ from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 # The Debian suite whose Slurm is each release (Debian names one Slurm per suite).
 RELEASE_SUITES = {"24.11": "trixie", "26.05": "forky"}
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3")
+PACKAGES = ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge", "python3")
+# Added to roots built before they were in PACKAGES (apt-get inside the root; see add_packages):
+# the dev cluster's accounting (--accounting) runs the release's own slurmdbd.
+LATER_PACKAGES = ("slurmdbd",)
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_CACHE_DIR = Path("/var/cache/sia-slurm/roots")
 CACHE_ENV = "SIA_SLURM_ROOTS"
@@ -102,6 +106,58 @@ def debootstrap_argv(
         mirror,
         str(script),
     ]
+
+
+def missing_packages(marker: dict[str, str]) -> list[str]:
+    """The packages of :data:`LATER_PACKAGES` a root's marker does not list."""
+    have = set(marker.get("packages", "").split(","))
+    return [p for p in LATER_PACKAGES if p not in have]
+
+
+def apt_install_argv(root: Path, packages: list[str]) -> list[str]:
+    """apt-get inside ``root``, from the root's own package lists (the versions of the Slurm
+    it already has)."""
+    return [
+        "chroot", str(root), "apt-get", "install", "-y", "-qq", "--no-install-recommends",
+        *packages,
+    ]  # fmt: skip
+
+
+POLICY_RC = "#!/bin/sh\n# sia-slurm: no service starts inside this root\nexit 101\n"
+
+
+def add_packages(root: Path, marker: dict[str, str], runner: CommandRunner, log: Log) -> None:
+    """Install what :func:`missing_packages` names into a finished root and record it in its
+    marker. Services never start there (policy-rc.d); stale package lists (the suite moved
+    on) are updated and the install tried again; each package must end up installed."""
+    packages = missing_packages(marker)
+    if not packages:
+        return
+    log(f"adding {' '.join(packages)} to {root}")
+    policy = root / "usr" / "sbin" / "policy-rc.d"
+    if not policy.exists():
+        policy.write_text(POLICY_RC)
+        policy.chmod(0o755)
+    try:
+        try:
+            runner.run(apt_install_argv(root, packages))
+        except CommandError:
+            runner.run(["chroot", str(root), "apt-get", "update", "-qq"])
+            runner.run(apt_install_argv(root, packages))
+        for package in packages:
+            status = runner.run(
+                ["chroot", str(root), "dpkg-query", "-W", "-f=${Status}", package], check=False
+            )
+            if status.stdout.strip() != "install ok installed":
+                raise CommandError(status.argv, status.returncode, status.stdout)
+    except CommandError as exc:
+        raise RootError(
+            f"could not add {' '.join(packages)} to {root}: {exc}; remove {root} (nothing "
+            "mounted under it) to build it again"
+        ) from None
+    listed = [p for p in marker.get("packages", "").split(",") if p]
+    marker = {**marker, "packages": ",".join([*listed, *packages])}
+    (root / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
 def slurm_version_argv(root: Path) -> list[str]:
@@ -222,6 +278,7 @@ def ensure_root(
                     f"{final} exists but is not a finished root of Slurm {release} (no valid "
                     f"{MARKER}); remove it (nothing may be mounted under it) and run again"
                 )
+            add_packages(final, marker, runner, log)
             version = installed_version(final, release, runner)
             log(f"Slurm {version} (Debian {suite}) already in {final}")
             return SlurmRoot(release, suite, final, version)

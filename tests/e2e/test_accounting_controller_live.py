@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,48 +25,18 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sia_slurm.devcluster import DevCluster, DevClusterSpec, controller_config  # noqa: E402
-from sia_slurm.devcluster.accounting import AccountingSpec  # noqa: E402
 from sia_slurm.protocol import StatePaths  # noqa: E402
 from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.slurm.runner import SubprocessRunner  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
-from tests.accounts import SharedTmp, TestAccounts  # noqa: E402
+from tests.accounts import TestAccounts  # noqa: E402
 from tests.e2e.test_controller_live import Site, wait_for  # noqa: E402
-from tests.release import TEST_PORT_BASE, TEST_SLURM  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402
 
 pytestmark = pytest.mark.slurm
-if TEST_SLURM != "system":  # never skipped: scripts/test.sh runs these on the host only
-    raise RuntimeError(
-        "dev-cluster accounting (slurmdbd, MariaDB) runs on the host's Slurm only, not from a "
-        f"Debian root (SIA_TEST_SLURM={TEST_SLURM}); scripts/test.sh leaves this file out there"
-    )
 
-PORT_OFFSET = 60  # base+60..+64: apart from the session cluster and tests/slurm's accounting one
-SPEC = DevClusterSpec.parse("a100:2x4")
-ACCOUNTS = """\
-accounts:
-  physics: {fairshare: 1}
-  biology: {fairshare: 1, gpus: 4}
-users:
-  root: {accounts: [physics, biology]}
-"""
-LIMIT = 4
-
-
-@pytest.fixture(scope="module")
-def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
-    cluster = DevCluster(
-        shared_tmp.mktemp("accounting-controller"),
-        port_base=TEST_PORT_BASE + PORT_OFFSET,
-        slurm_user=test_accounts.service.name,
-        accounting=AccountingSpec.parse(ACCOUNTS, "ACCOUNTS"),
-    )
-    cluster.up(SPEC)
-    try:
-        yield cluster
-    finally:
-        cluster.down()
+SPEC = DevClusterSpec.parse("a100:2x4")  # the partitions the controller manages
+LIMIT = 4  # biology's GrpTRES in tests/accounting_site.py
 
 
 def submitter(cluster: DevCluster, paths: StatePaths, account: str) -> LiveSubmitter:
@@ -207,7 +176,7 @@ def test_grptres_account_never_gets_more_than_its_limit(
             # Slurm agrees: the biology jobs it runs hold at most 4 GPUs, and none of them
             # waits released on the association's limit (the controller never asked for more).
             jobs = parse_squeue_json(site.run(["squeue", "--json"])).jobs
-            mine = [j for j in jobs if j.account == "biology"]
+            mine = [j for j in jobs if j.account == "biology" and j.job_id in site.slurm_ids]
             running = sum(sum(j.gpus_per_node) for j in mine if j.state == "RUNNING")
             assert running <= LIMIT, [(j.job_id, j.state, j.gpus_per_node) for j in mine]
             assert not [j for j in mine if j.reason == "AssocGrpGRES"], mine

@@ -2,55 +2,24 @@
 start under the cluster's directory, the spec's associations and limits reach Slurm, Slurm
 enforces GrpTRES=gres/gpu, sacct keeps each run's comment, and `down` stops it all.
 
-Accounting runs on the host's Slurm only (Debian's slurmdbd and mariadb-server; the Debian roots
-of 24.11/26.05 carry no slurmdbd yet), so this module runs when SIA_TEST_SLURM is ``system``.
+On every release: the host's (Debian's slurmdbd) and the Debian roots' (their own slurmdbd,
+the host's MariaDB). The accounting cluster is the session's (``accounting_cluster``,
+tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from sia_slurm.devcluster import DevCluster, DevClusterSpec
 from sia_slurm.devcluster.accounting import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
+from tests.accounting_site import ACCOUNTING_SPEC
 from tests.accounts import SharedTmp, TestAccounts
 from tests.release import TEST_PORT_BASE, TEST_SLURM
 
-if TEST_SLURM != "system":  # never skipped: scripts/test.sh runs these on the host only
-    raise RuntimeError(
-        "dev-cluster accounting (slurmdbd, MariaDB) runs on the host's Slurm only, not from a "
-        f"Debian root (SIA_TEST_SLURM={TEST_SLURM}); scripts/test.sh leaves this file out there"
-    )
-
-ACCOUNTING_PORT_OFFSET = 40  # the session cluster holds base..base+6; this one base+40..+44
-SPEC = """\
-accounts:
-  physics: {fairshare: 2}
-  biology: {fairshare: 1, gpus: 4}
-users:
-  root: {accounts: [physics, biology]}
-qos:
-  short: {gpus_per_user: 6}
-"""
-
-
-@pytest.fixture(scope="module")
-def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
-    cluster = DevCluster(
-        shared_tmp.mktemp("accounting-cluster"),
-        port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET,
-        slurm_user=test_accounts.service.name,
-        accounting=AccountingSpec.parse(SPEC, "SPEC"),
-    )
-    cluster.up(DevClusterSpec.parse("a100:1x4,t4:1x4"))
-    try:
-        yield cluster
-    finally:
-        cluster.down()
+DOWN_PORT_OFFSET = 50  # base+50..+54: beside the session's accounting cluster (tests/conftest.py)
 
 
 def sbatch(cluster: DevCluster, *args: str) -> str:
@@ -71,8 +40,18 @@ def test_associations_and_limits_reach_slurm(accounting_cluster: DevCluster) -> 
     assert "short|gres/gpu=6" in qos.splitlines()
 
 
+def wait_for_empty_queue(cluster: DevCluster, timeout_s: float = 60.0) -> None:
+    """Until the shared cluster runs no job: an earlier test's cancelled jobs (the controller
+    tests', tests/e2e) still count against biology's GrpTRES while they complete."""
+    deadline = time.monotonic() + timeout_s
+    while cluster.runner().run(["squeue", "-h", "-o", "%i"]).stdout.strip():
+        assert time.monotonic() < deadline, cluster.runner().run(["squeue"]).stdout
+        time.sleep(0.5)
+
+
 def test_slurm_enforces_grptres_and_sacct_keeps_comments(accounting_cluster: DevCluster) -> None:
     runner = accounting_cluster.runner()
+    wait_for_empty_queue(accounting_cluster)
     first = sbatch(
         accounting_cluster, "-A", "biology", "-p", "a100", "--gpus-per-node=4",
         "--comment=sia-slurm:acct-1", "--wrap", "sleep 20",
@@ -110,9 +89,10 @@ def test_down_stops_mariadb_and_slurmdbd(
 ) -> None:
     cluster = DevCluster(
         shared_tmp.mktemp("accounting-down"),
-        port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET + 10,
+        port_base=TEST_PORT_BASE + DOWN_PORT_OFFSET,
         slurm_user=test_accounts.service.name,
-        accounting=AccountingSpec.parse(SPEC, "SPEC"),
+        slurm=TEST_SLURM,
+        accounting=AccountingSpec.parse(ACCOUNTING_SPEC, "ACCOUNTING_SPEC"),
     )
     cluster.up(DevClusterSpec.parse("t4:1x2"))
     try:
