@@ -12,10 +12,13 @@ from sia_slurm.devcluster.accounting import (
     AccountingLayout,
     AccountingSpec,
     AccountingSpecError,
+    find_accounting_programs,
+    find_client_library,
     render_slurmdbd_conf,
     sacctmgr_commands,
     slurm_conf_lines,
 )
+from sia_slurm.devcluster.chroot import RootPrograms
 
 SPEC = """\
 accounts:
@@ -80,3 +83,22 @@ def test_conf_lines_name_ports_after_the_slurmd_ports() -> None:
     conf = render_slurmdbd_conf(layout, "siasvc", Path("/srv/dev/munge/s"), "pw")
     assert "StoragePort=17007\n" in conf and "SlurmUser=siasvc\n" in conf
     assert "StorageHost=127.0.0.1\n" in conf and "StoragePass=pw\n" in conf
+
+
+def test_a_roots_slurmdbd_and_sacctmgr_run_inside_it_with_the_hosts_client_library(
+    tmp_path: Path,
+) -> None:
+    """MariaDB is the host's; slurmdbd and sacctmgr the root's release, slurmdbd with the
+    host's libmariadb.so.3 (the root's Connector/C 3.4 fails slurmdbd's queries)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libmariadb.so.3.0").write_text("")
+    (lib / "libmariadb.so.3").symlink_to("libmariadb.so.3.0")
+    assert find_client_library([str(tmp_path / "none"), str(lib)]) == lib / "libmariadb.so.3.0"
+    assert find_client_library([str(tmp_path / "none")]) is None
+    programs = find_accounting_programs(RootPrograms("24.11", Path("/c/root")))
+    assert programs.slurmdbd == ["chroot", "/c/root", "/usr/sbin/slurmdbd"]
+    assert programs.sacctmgr == ["chroot", "/c/root", "/usr/bin/sacctmgr"]
+    assert Path(programs.mariadbd).name == "mariadbd" and programs.client_library is not None
+    host = find_accounting_programs(RootPrograms("system", Path("/")))
+    assert Path(host.slurmdbd[0]).name == "slurmdbd" and host.client_library is None
