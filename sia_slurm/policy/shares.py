@@ -145,7 +145,7 @@ class UsageLedger:
     :meth:`record` charges the GPUs each account was owed over the last interval
     (:func:`sia_slurm.policy.entitlement.owed_gpus`: what its jobs would take alone on its part
     of the cluster) and the GPUs it held, up to those owed; :meth:`factors` gives each account
-    ``owed / used``, clipped to ``[1, limit]``: an account that held less than it was owed is
+    ``(owed / used) ** gain``, clipped to ``[1, limit]``: an account that held less than it was owed is
     weighed up, by as much as it fell short over the last half-lives. GPUs held beyond what
     was owed (that no other account wanted) neither count against it later nor weigh it down.
     Before any usage every factor is 1.
@@ -153,6 +153,10 @@ class UsageLedger:
 
     half_life_s: float = 3600.0
     limit: float = 8.0
+    # The factor is (owed / used) ** gain: with 1, an hour's memory moves a one-job account's
+    # factor by ~10% for a 4-GPU shortfall over ten minutes, too little to move its weight
+    # (docs/deviations.md, "Fair shares").
+    gain: float = 4.0
     used: dict[str, float] = field(default_factory=dict)  # decayed GPU-seconds per account
     owed: dict[str, float] = field(default_factory=dict)  # decayed GPU-seconds per account
     time: float | None = None
@@ -184,6 +188,6 @@ class UsageLedger:
         result = {}
         for account in accounts:
             used, owed = self.used.get(account, 0.0), self.owed.get(account, 0.0)
-            ratio = 1.0 if owed <= 0 else self.limit if used <= 0 else owed / used
+            ratio = 1.0 if owed <= 0 else self.limit if used <= 0 else (owed / used) ** self.gain
             result[account] = min(max(ratio, 1.0), self.limit)
         return result

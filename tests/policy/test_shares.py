@@ -84,7 +84,7 @@ def test_only_accounts_with_live_jobs_split_the_cluster() -> None:
 
 
 def test_usage_factors_weigh_up_the_account_short_of_what_it_was_owed() -> None:
-    ledger = UsageLedger(half_life_s=3600)
+    ledger = UsageLedger(half_life_s=3600, gain=1.0)
     ledger.record(0.0, {"big": 48, "small": 8}, {"big": 32, "small": 16})
     ledger.record(600.0, {"big": 48, "small": 8}, {"big": 32, "small": 16})
     factors = ledger.factors(["big", "small"])
@@ -92,6 +92,8 @@ def test_usage_factors_weigh_up_the_account_short_of_what_it_was_owed() -> None:
     assert factors["big"] == 1.0  # held more than owed: GPUs small had no use for; not weighed down
     weights = job_weights(owners(("big", "u", 1), ("small", "v", 1)), EQUAL_USERS, factors)
     assert weights["small-v-0"] == pytest.approx(2 * weights["big-u-0"])
+    ledger.gain = UsageLedger().gain  # the controller's: the shortfall ratio to the 4th power
+    assert ledger.factors(["small"])["small"] == pytest.approx(8.0)  # 2 ** 4 = 16, clipped
 
 
 def test_an_account_that_holds_what_it_is_owed_banks_nothing() -> None:
@@ -104,7 +106,7 @@ def test_an_account_that_holds_what_it_is_owed_banks_nothing() -> None:
 
 
 def test_gpus_beyond_what_was_owed_do_not_cancel_a_later_shortfall() -> None:
-    ledger = UsageLedger(half_life_s=1e9)  # no decay: the sums are exact
+    ledger = UsageLedger(half_life_s=1e9, gain=1.0)  # no decay: the sums are exact
     ledger.record(0.0, {"small": 16}, {"small": 8})  # 8 GPUs nobody else wanted
     ledger.record(600.0, {"small": 4}, {"small": 8})  # then short by half
     ledger.record(1200.0, {}, {})
