@@ -1,5 +1,7 @@
 """Parsing Slurm accounting's output (captured from 22.05 with the dev cluster's accounting,
-tests/fixtures/slurm-22.05/sacctmgr-*.txt) and turning it into shares and GPU limits."""
+tests/fixtures/slurm-22.05/sacctmgr-*.txt; 24.11 and 26.05 by
+scripts/capture_accounting_fixtures.py, the same shapes) and turning it into shares and GPU
+limits."""
 
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ from sia_slurm.slurm.accounting import (
 from sia_slurm.slurm.runner import CommandResult
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+RELEASES = ("22.05", "24.11", "26.05")
 
 
-def site() -> SiteAccounting:
+def site(release: str = "22.05") -> SiteAccounting:
+    fixtures = FIXTURES.parent / f"slurm-{release}"
     return SiteAccounting(
-        parse_associations((FIXTURES / "sacctmgr-assoc.txt").read_text()),
-        parse_qos((FIXTURES / "sacctmgr-qos.txt").read_text()),
+        parse_associations((fixtures / "sacctmgr-assoc.txt").read_text()),
+        parse_qos((fixtures / "sacctmgr-qos.txt").read_text()),
     )
 
 
@@ -37,8 +41,9 @@ def test_gpu_count_reads_untyped_gpus_only() -> None:
     assert gpu_count("") is None
 
 
-def test_captured_associations_and_qos() -> None:
-    accounting = site()
+@pytest.mark.parametrize("release", RELEASES)
+def test_captured_associations_and_qos(release: str) -> None:
+    accounting = site(release)
     rows = {(a.account, a.user): a for a in accounting.associations}
     assert rows[("biology", "")].grp_gpus == 4 and rows[("biology", "")].parent == "root"
     assert rows[("physics", "")].share == 2
@@ -120,3 +125,15 @@ def test_sacct_runs_of_one_sia_job_are_joined_by_comment() -> None:
     assert "other" not in hours and set(hours) == {"b1", "b2", "mv-1"}
     with pytest.raises(AccountingParseError, match="ElapsedRaw"):
         parse_gpu_hours("1|sia-slurm:x|a|u|gres/gpu=1|soon|RUNNING\n", "sia-slurm")
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_sacct_runs_of_later_releases_parse_alike(release: str) -> None:
+    """A requeued run keeps its row (REQUEUED) and its comment on 24.11 and 26.05 too."""
+    text = (FIXTURES.parent / f"slurm-{release}" / "sacct-runs.txt").read_text()
+    rows = [line.split("|") for line in text.splitlines()]
+    hours = parse_gpu_hours(text, "sia-slurm")
+    assert set(hours) == {"b1", "mv-1"}
+    moved = [r for r in rows if r[1] == "sia-slurm:mv-1"]
+    assert [r[-1] for r in moved] == ["REQUEUED"]
+    assert hours["mv-1"] == pytest.approx(2 * int(moved[0][5]) / 3600)
