@@ -11,6 +11,7 @@ then writes the controller's own commands' output (:mod:`sia_slurm.slurm.account
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import time
@@ -87,6 +88,7 @@ def main() -> None:
             print(f"{out / name}: {' '.join(argv)}")
     finally:
         cluster.down()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
