@@ -145,9 +145,10 @@ class UsageLedger:
     :meth:`record` charges the GPUs each account was owed over the last interval
     (:func:`sia_slurm.policy.entitlement.owed_gpus`: what its jobs would take alone on its part
     of the cluster) and the GPUs it held, up to those owed; :meth:`factors` gives each account
-    ``(owed / used) ** gain``, clipped to ``[1, limit]``: an account that held less than it was owed is
-    weighed up, by as much as it fell short over the last half-lives. GPUs held beyond what
-    was owed (that no other account wanted) neither count against it later nor weigh it down.
+    ``(owed / used) ** gain``, clipped to ``[1, limit]``: an account that held less than it
+    was owed is weighed up, the more the further it fell short over the last half-lives. GPUs
+    held beyond what was owed (that no other account wanted) neither count against it later
+    nor weigh it down.
     Before any usage every factor is 1.
     """
 
