@@ -12,7 +12,8 @@ from sia_slurm.cli.main import cli
 from sia_slurm.config import parse_config
 from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_config
 from sia_slurm.devcluster.access import Account, untraversable
-from sia_slurm.devcluster.cluster import DevCluster, DevClusterError, find_binaries
+from sia_slurm.devcluster.chroot import ChrootError, HostPrograms
+from sia_slurm.devcluster.cluster import DevCluster, DevClusterError
 from sia_slurm.devcluster.render import (
     ClusterLayout,
     PowerSavingConfig,
@@ -90,11 +91,11 @@ def test_gres_conf_points_every_gpu_at_a_file() -> None:
 
 
 def test_missing_binaries_name_the_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sia_slurm.devcluster.cluster as cluster_module
+    import sia_slurm.devcluster.chroot as chroot_module
 
-    monkeypatch.setattr(cluster_module, "_SEARCH_PATH", "/nonexistent")
-    with pytest.raises(DevClusterError) as caught:
-        find_binaries()
+    monkeypatch.setattr(chroot_module, "_SEARCH_PATH", "/nonexistent")
+    with pytest.raises(ChrootError) as caught:
+        HostPrograms.find()
     assert "missing programs: munged" in str(caught.value)
     assert "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge" in str(
         caught.value

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import site
 import stat
 import sys
@@ -91,12 +92,42 @@ class SlurmPrograms(Protocol):
     def argv(self, program: str) -> list[str]: ...
 
 
+# The host's Debian packages of the programs below (``system``).
+PACKAGES = "slurmctld slurmd slurm-client munge"
+_BINARIES = (
+    "munged",
+    "mungekey",
+    "munge",
+    "slurmctld",
+    "slurmd",
+    "scontrol",
+    "sinfo",
+    "squeue",
+    "sbatch",
+    "scancel",
+)
+_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
+
+
 @dataclass(frozen=True)
 class HostPrograms:
     """The host's own Slurm (``system``): programs found on PATH and in /usr/sbin."""
 
     paths: dict[str, str]
     release: str = SYSTEM
+
+    @classmethod
+    def find(cls) -> HostPrograms:
+        """The host's programs; :class:`ChrootError` naming the packages if any is missing
+        (the error of every "this Slurm cannot run" here)."""
+        found = {name: shutil.which(name, path=_SEARCH_PATH) for name in _BINARIES}
+        missing = [name for name, path in found.items() if path is None]
+        if missing:
+            raise ChrootError(
+                f"missing programs: {', '.join(missing)}. On Debian/Ubuntu install them with:\n"
+                f"  apt-get install -y --no-install-recommends {PACKAGES}"
+            )
+        return cls({name: str(path) for name, path in found.items()})
 
     def argv(self, program: str) -> list[str]:
         return [self.paths[program]]

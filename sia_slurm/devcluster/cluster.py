@@ -71,20 +71,6 @@ from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
 DEFAULT_DIR = Path("/tmp/sia-slurm-dev")
 DEFAULT_PORT_BASE = 16817
-PACKAGES = "slurmctld slurmd slurm-client munge"
-_BINARIES = (
-    "munged",
-    "mungekey",
-    "munge",
-    "slurmctld",
-    "slurmd",
-    "scontrol",
-    "sinfo",
-    "squeue",
-    "sbatch",
-    "scancel",
-)
-_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 
 Log = Callable[[str], None]
 
@@ -323,7 +309,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
     def _mount(self, chroot: ChrootSlurm | None) -> SlurmPrograms:
         """Mount the root (if any) and write its client wrappers; the programs to run."""
         if chroot is None:
-            return HostPrograms(find_binaries())
+            return self._programs(SYSTEM)
         try:
             chroot.mount()
         except ChrootError as exc:
@@ -344,7 +330,10 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
     def _programs(self, release: str) -> SlurmPrograms:
         """The programs of a running cluster's ``release`` (its root is still mounted)."""
         if release == SYSTEM:
-            return HostPrograms(find_binaries())
+            try:
+                return HostPrograms.find()
+            except ChrootError as exc:
+                raise DevClusterError(str(exc)) from None
         return self._chroot(release).programs
 
     def _prepare_files(
@@ -580,18 +569,6 @@ def slurmctld_argv(program: list[str], slurm_conf: Path, clear_state: bool) -> l
     """slurmctld in the foreground; ``-c`` (a fresh cluster) forgets every job and node state
     in StateSaveLocation, so a restart must go without it. ``program``: its argv prefix."""
     return [*program, "-D", *(["-c"] if clear_state else []), "-f", str(slurm_conf)]
-
-
-def find_binaries() -> dict[str, str]:
-    """Paths of the Slurm and munge programs; a clear error naming packages if any is missing."""
-    found = {name: shutil.which(name, path=_SEARCH_PATH) for name in _BINARIES}
-    missing = [name for name, path in found.items() if path is None]
-    if missing:
-        raise DevClusterError(
-            f"missing programs: {', '.join(missing)}. On Debian/Ubuntu install them with:\n"
-            f"  apt-get install -y --no-install-recommends {PACKAGES}"
-        )
-    return {name: str(path) for name, path in found.items()}
 
 
 def _run_setup(argv: list[str]) -> None:
