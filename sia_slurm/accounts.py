@@ -28,6 +28,9 @@ class Association:
     grp_gpus: int | None
     max_gpus_per_job: int | None
     qos: tuple[str, ...]
+    # Per-type limits (``gres/gpu:a100=2``): ``(GPU type, GPUs)`` pairs.
+    grp_typed: tuple[tuple[str, int], ...] = ()
+    per_job_typed: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class QosLimits:
     grp_gpus: int | None = None
     gpus_per_user: int | None = None
     gpus_per_job: int | None = None
+    grp_typed: tuple[tuple[str, int], ...] = ()
+    per_user_typed: tuple[tuple[str, int], ...] = ()
+    per_job_typed: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,54 +79,65 @@ class SiteAccounting:
         ``GrpTRES`` over the jobs of it and the accounts below it, every user association's
         ``GrpTRES`` over the user's jobs in that account, each job's ``MaxTRESPerJob`` (the
         tightest of its association and QOS), and each QOS's ``GrpTRES`` and
-        ``MaxTRESPerUser``."""
-        owners = list(owners)
+        ``MaxTRESPerUser``; each for ``gres/gpu`` and for every GPU type the site limits
+        (``gres/gpu:a100``)."""
         by_account = {a.account: a for a in self.associations if not a.user}
         by_user = {(a.account, a.user): a for a in self.associations if a.user}
-        groups: dict[str, set[str]] = {}
-        sizes: dict[str, int] = {}
+        groups: dict[tuple[str, str | None], set[str]] = {}
+        sizes: dict[tuple[str, str | None], int] = {}
 
-        def add(name: str, gpus: int | None, job_id: str) -> None:
-            if gpus is not None:
-                groups.setdefault(name, set()).add(job_id)
-                sizes[name] = gpus
+        def add(name: str, limits: _Limits, job_id: str) -> None:
+            for gpu_type, gpus in limits:
+                key = (name, gpu_type)
+                groups.setdefault(key, set()).add(job_id)
+                sizes[key] = min(gpus, sizes.get(key, gpus))
 
         for owner in owners:
             for account in self.ancestors(owner.account):
                 assoc = by_account.get(account)
                 if assoc is not None:
-                    add(f"account {account} GrpTRES", assoc.grp_gpus, owner.job_id)
+                    add(f"account {account} GrpTRES", _grp(assoc), owner.job_id)
             user_assoc = by_user.get((owner.account, owner.user))
             if user_assoc is not None:
-                add(
-                    f"user {owner.user} in {owner.account} GrpTRES",
-                    user_assoc.grp_gpus,
-                    owner.job_id,
-                )
+                add(f"user {owner.user} in {owner.account} GrpTRES", _grp(user_assoc), owner.job_id)
             qos = self.qos.get(owner.qos) if owner.qos else None
-            per_job = [
-                g
-                for g in (
-                    user_assoc.max_gpus_per_job if user_assoc is not None else None,
-                    by_account[owner.account].max_gpus_per_job
-                    if owner.account in by_account
-                    else None,
-                    qos.gpus_per_job if qos is not None else None,
-                )
-                if g is not None
-            ]
-            if per_job:
-                add(f"job {owner.job_id} MaxTRESPerJob", min(per_job), owner.job_id)
+            per_job = f"job {owner.job_id} MaxTRESPerJob"  # the tightest of the three
+            for assoc in (user_assoc, by_account.get(owner.account)):
+                if assoc is not None:
+                    add(per_job, _both(assoc.max_gpus_per_job, assoc.per_job_typed), owner.job_id)
             if qos is not None:
-                add(f"qos {owner.qos} GrpTRES", qos.grp_gpus, owner.job_id)
+                add(per_job, _both(qos.gpus_per_job, qos.per_job_typed), owner.job_id)
+                add(f"qos {owner.qos} GrpTRES", _both(qos.grp_gpus, qos.grp_typed), owner.job_id)
                 add(
                     f"qos {owner.qos} MaxTRESPerUser {owner.user}",
-                    qos.gpus_per_user,
+                    _both(qos.gpus_per_user, qos.per_user_typed),
                     owner.job_id,
                 )
         return tuple(
-            GpuLimit(name, frozenset(jobs), sizes[name]) for name, jobs in sorted(groups.items())
+            GpuLimit(
+                name if gpu_type is None else f"{name} {gpu_type}",
+                frozenset(jobs),
+                sizes[(name, gpu_type)],
+                gpu_type,
+            )
+            for (name, gpu_type), jobs in sorted(
+                groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
+            )
         )
+
+
+_Limits = list[tuple[str | None, int]]
+
+
+def _both(untyped: int | None, typed: tuple[tuple[str, int], ...]) -> _Limits:
+    """One association's or QOS's limits of one kind: ``(None, N)`` for ``gres/gpu=N``, then
+    ``(type, N)`` per typed limit."""
+    limits: _Limits = [] if untyped is None else [(None, untyped)]
+    return limits + list(typed)
+
+
+def _grp(assoc: Association) -> _Limits:
+    return _both(assoc.grp_gpus, assoc.grp_typed)
 
 
 def shares_source(accounting: bool | None, configured: bool) -> str:

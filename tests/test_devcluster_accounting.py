@@ -48,6 +48,19 @@ def test_spec_becomes_sacctmgr_commands() -> None:
     ]  # fmt: skip
 
 
+def test_typed_limits_become_typed_tres() -> None:
+    spec = AccountingSpec.parse(
+        "accounts: {a: {gpus: {a100: 2}}}\nqos: {big: {gpus: 8, gpus_per_job: {a100: 2, t4: 1}}}"
+    )
+    assert sacctmgr_commands(spec, "siadev")[:2] == [
+        ["add", "qos", "big", "GrpTRES=gres/gpu=8", "MaxTRESPerJob=gres/gpu:a100=2,gres/gpu:t4=1"],
+        ["add", "account", "a", "Cluster=siadev", "Fairshare=1", "GrpTRES=gres/gpu:a100=2"],
+    ]
+    layout = AccountingLayout(Path("/srv/dev"), 17000, nodes=6)
+    lines = slurm_conf_lines(layout, Path("/s"), ("a100", "t4"))
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:t4" in lines
+
+
 def test_default_spec_parses() -> None:
     spec = AccountingSpec.parse(DEFAULT_ACCOUNTS)
     assert [a.name for a in spec.accounts] == ["physics", "biology"]
@@ -59,6 +72,7 @@ def test_default_spec_parses() -> None:
         ("accounts: {}", "accounts: expected at least one account"),
         ("accounts: {a: {gpus: -1}}", "accounts.a.gpus: expected an integer >= 0, got -1"),
         ("accounts: {a: {gpu: 4}}", "accounts.a: unknown key 'gpu'"),
+        ("accounts: {a: {gpus: {a100: x}}}", "accounts.a.gpus.a100: expected an integer >= 0"),
         ("accounts: {a: {}}\nusers: {u: {accounts: [b]}}", "users.u.accounts: expected a list"),
         ("accounts: {'a b': {}}", "accounts.a b: expected a name"),
         ("acounts: {}", "unknown key 'acounts'"),

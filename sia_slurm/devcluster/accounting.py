@@ -16,6 +16,10 @@ The spec is a small YAML file (``--accounts FILE``; without it :data:`DEFAULT_AC
       alice: {accounts: [physics, biology], gpus_per_job: 2}
     qos:
       short: {gpus_per_user: 4}                 # MaxTRESPerUser=gres/gpu=4
+      big: {gpus_per_job: {a100: 2}}            # MaxTRESPerJob=gres/gpu:a100=2
+
+A limit is a number of GPUs of any type or a mapping of GPU types to numbers (a per-type limit;
+the cluster's GPU types are all in ``AccountingStorageTRES``, so Slurm enforces it).
 
 The invoking user and SlurmUser always get an association (with the first account), so the
 dev cluster's own checks and the controller keep working.
@@ -65,17 +69,44 @@ class LimitSpec:
     gpus: int | None = None  # GrpTRES=gres/gpu=N
     gpus_per_user: int | None = None  # MaxTRESPerUser=gres/gpu=N (QOS only)
     gpus_per_job: int | None = None  # MaxTRESPerJob=gres/gpu=N
+    # Per-type limits: (sacctmgr key, GPU type, N) -> ``key=gres/gpu:type=N``.
+    typed: tuple[tuple[str, str, int], ...] = ()
 
     def sacctmgr_args(self) -> list[str]:
-        args = []
+        tres: dict[str, list[str]] = {}
         for key, value in (
             ("GrpTRES", self.gpus),
             ("MaxTRESPerUser", self.gpus_per_user),
             ("MaxTRESPerJob", self.gpus_per_job),
         ):
             if value is not None:
-                args.append(f"{key}=gres/gpu={value}")
-        return args
+                tres.setdefault(key, []).append(f"gres/gpu={value}")
+        for key, gpu_type, value in self.typed:
+            tres.setdefault(key, []).append(f"gres/gpu:{gpu_type}={value}")
+        return [f"{key}={','.join(values)}" for key, values in tres.items()]
+
+
+_SACCTMGR_KEYS = {
+    "gpus": "GrpTRES",
+    "gpus_per_user": "MaxTRESPerUser",
+    "gpus_per_job": "MaxTRESPerJob",
+}
+
+
+def _limits(raw: Mapping[str, Any], at: str, keys: Sequence[str]) -> LimitSpec:
+    """The limits of ``keys`` in ``raw``: each a count (any GPU type) or a mapping of GPU
+    types to counts."""
+    untyped: dict[str, int | None] = {}
+    typed = []
+    for key in keys:
+        value = raw.get(key)
+        if isinstance(value, dict):
+            for gpu_type, count in value.items():
+                name = _name(gpu_type, f"{at}.{key}")
+                typed.append((_SACCTMGR_KEYS[key], name, _count(count, f"{at}.{key}.{name}")))
+        else:
+            untyped[key] = _count(value, f"{at}.{key}")
+    return LimitSpec(**untyped, typed=tuple(typed))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -112,10 +143,7 @@ class AccountingSpec:
             at = f"{where}: accounts.{name}"
             raw = _mapping(raw, at)
             _keys(raw, at, ("fairshare", "gpus", "gpus_per_job"))
-            limits = LimitSpec(
-                gpus=_count(raw.get("gpus"), f"{at}.gpus"),
-                gpus_per_job=_count(raw.get("gpus_per_job"), f"{at}.gpus_per_job"),
-            )
+            limits = _limits(raw, at, ("gpus", "gpus_per_job"))
             fairshare = _count(raw.get("fairshare", 1), f"{at}.fairshare") or 1
             accounts.append(AccountSpec(_name(name, at), fairshare, limits))
         if not accounts:
@@ -132,10 +160,7 @@ class AccountingSpec:
                     f"{at}.accounts: expected a list of accounts from {sorted(known)}, "
                     f"got {member!r}"
                 )
-            limits = LimitSpec(
-                gpus=_count(raw.get("gpus"), f"{at}.gpus"),
-                gpus_per_job=_count(raw.get("gpus_per_job"), f"{at}.gpus_per_job"),
-            )
+            limits = _limits(raw, at, ("gpus", "gpus_per_job"))
             fairshare = _count(raw.get("fairshare", 1), f"{at}.fairshare") or 1
             users.append(UserSpec(_name(name, at), tuple(member), fairshare, limits))
         qos = {}
@@ -143,11 +168,7 @@ class AccountingSpec:
             at = f"{where}: qos.{name}"
             raw = _mapping(raw, at)
             _keys(raw, at, ("gpus", "gpus_per_user", "gpus_per_job"))
-            qos[_name(name, at)] = LimitSpec(
-                gpus=_count(raw.get("gpus"), f"{at}.gpus"),
-                gpus_per_user=_count(raw.get("gpus_per_user"), f"{at}.gpus_per_user"),
-                gpus_per_job=_count(raw.get("gpus_per_job"), f"{at}.gpus_per_job"),
-            )
+            qos[_name(name, at)] = _limits(raw, at, ("gpus", "gpus_per_user", "gpus_per_job"))
         return cls(tuple(accounts), tuple(users), qos)
 
     def with_users(self, names: Sequence[str]) -> AccountingSpec:
@@ -232,8 +253,11 @@ class AccountingLayout:
         return self.root / "log"
 
 
-def slurm_conf_lines(layout: AccountingLayout, munge_socket: Path) -> list[str]:
-    """slurm.conf lines that replace ``accounting_storage/none`` when accounting is on."""
+def slurm_conf_lines(
+    layout: AccountingLayout, munge_socket: Path, gpu_types: Sequence[str] = ()
+) -> list[str]:
+    """slurm.conf lines that replace ``accounting_storage/none`` when accounting is on.
+    ``gpu_types``: the cluster's, each a TRES of its own so per-type limits are enforced."""
     return [
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=localhost",
@@ -241,7 +265,7 @@ def slurm_conf_lines(layout: AccountingLayout, munge_socket: Path) -> list[str]:
         # The munge socket of connections to slurmdbd (sacctmgr's, slurmctld's); AuthInfo's
         # socket= does not reach them on 22.05.
         f"AccountingStoragePass={munge_socket}",
-        "AccountingStorageTRES=gres/gpu",
+        "AccountingStorageTRES=" + ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in gpu_types)]),
         "AccountingStorageEnforce=associations,limits,qos",
         # sacct shows each run's comment: the sia id joins the runs of one sia job.
         "AccountingStoreFlags=job_comment",

@@ -369,7 +369,11 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         if programs.release != SYSTEM:  # 24.11 and 26.05 (render_cgroup_conf says why)
             files.append((layout.cgroup_conf, render_cgroup_conf()))
         if self.accounting is not None:
-            lines = acct.slurm_conf_lines(self.accounting_layout(spec), layout.munge_socket)
+            lines = acct.slurm_conf_lines(
+                self.accounting_layout(spec),
+                layout.munge_socket,
+                tuple(dict.fromkeys(g.gpu_type for g in spec.groups)),
+            )
             files[0] = (
                 layout.slurm_conf,
                 files[0][1].replace(

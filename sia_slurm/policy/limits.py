@@ -8,6 +8,9 @@ more would only leave jobs pending in Slurm (``AssocGrpGRES``) while the GPUs st
 the controller never grants it. Sia adds one coupling row per limit to its program
 (:func:`coupling_rows`); jobs the limit already binds while they keep their configuration
 (pinned, restoring) use up part of it first.
+
+A limit on one GPU type (``GrpTRES=gres/gpu:a100=2``) has ``gpu_type`` set: it counts only
+the GPUs of its jobs' configurations on that type, so the jobs may still take other types.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class GpuLimit:
     name: str
     job_ids: frozenset[str]
     gpus: int
+    gpu_type: str | None = None  # None: every GPU type counts (``gres/gpu=N``)
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
@@ -38,11 +42,17 @@ def coupling_rows(
     owner: np.ndarray,
     gpus: np.ndarray,
     fixed_gpus: dict[int, int],
+    types: np.ndarray | None = None,
+    fixed_types: dict[int, str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The program's extra rows for ``limits``: ``(usage, capacity)`` with ``usage[j, r]`` the
     GPUs of column ``j`` (owned by job ``owner[j]``, an index into ``job_ids``) if its job is
     under limit ``r``, and ``capacity[r]`` the limit less the GPUs of fixed jobs under it
-    (``fixed_gpus``: job index -> GPUs; never below 0). None when no limit touches a job."""
+    (``fixed_gpus``: job index -> GPUs; never below 0). None when no limit touches a job.
+
+    A typed limit counts only the columns whose GPU type (``types``, per column) is its type,
+    and only the fixed jobs on it (``fixed_types``: job index -> GPU type); without ``types``
+    a typed limit is an error (it would count every type)."""
     index = {job_id: i for i, job_id in enumerate(job_ids)}
     rows = [
         (limit, np.array(sorted(index[j] for j in limit.job_ids if j in index), dtype=np.intp))
@@ -55,7 +65,14 @@ def coupling_rows(
     capacity = np.zeros(len(rows))
     for r, (limit, members) in enumerate(rows):
         under = np.isin(owner, members)
+        counted = members
+        if limit.gpu_type is not None:
+            if types is None:
+                raise ValueError(f"limit {limit.name}: a typed limit needs the columns' types")
+            under &= types == limit.gpu_type
+            kinds = fixed_types or {}
+            counted = [i for i in members if kinds.get(int(i)) == limit.gpu_type]
         usage[under, r] = gpus[under]
-        held = sum(fixed_gpus.get(int(i), 0) for i in members)
+        held = sum(fixed_gpus.get(int(i), 0) for i in counted)
         capacity[r] = max(limit.gpus - held, 0)
     return usage, capacity

@@ -294,12 +294,16 @@ def limit_rows(columns: list[JobColumns], limits: tuple[GpuLimit, ...]) -> Coupl
         return None
     owner = np.repeat(np.arange(len(columns)), [len(cols.configs) for cols in columns])
     gpus = np.array([c.gpus for cols in columns for c in cols.configs], dtype=np.float64)
-    fixed = {
-        i: cols.configs[cols.current].gpus  # type: ignore[index]
+    types = np.array([c.gpu_type for cols in columns for c in cols.configs], dtype=object)
+    forced = {
+        i: cols.configs[cols.current]  # type: ignore[index]
         for i, cols in enumerate(columns)
         if cols.forced
     }
-    rows = coupling_rows(limits, [cols.job.job_id for cols in columns], owner, gpus, fixed)
+    fixed = {i: config.gpus for i, config in forced.items()}
+    fixed_types = {i: config.gpu_type for i, config in forced.items()}
+    job_ids = [cols.job.job_id for cols in columns]
+    rows = coupling_rows(limits, job_ids, owner, gpus, fixed, types, fixed_types)
     return None if rows is None else CouplingRows(rows[0].T.copy(), rows[1])
 
 

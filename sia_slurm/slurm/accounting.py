@@ -12,8 +12,10 @@ association shares replace the config's ``shares:``) and, for this round's live 
 limits. Without accounting the reader returns ``None`` and everything works as
 without Slurm limits, with the config's shares (equal shares per user by default).
 
-Limits are read for ``gres/gpu`` as a whole; a per-type limit (``gres/gpu:a100=2``) is not
-modelled (it is logged once and left to Slurm).
+Limits are read for ``gres/gpu`` as a whole and per GPU type (``gres/gpu:a100=2``, as
+sacctmgr prints a typed TRES; Slurm enforces it only where ``AccountingStorageTRES`` names the
+type): a typed limit counts only the GPUs of that type (:class:`~sia_slurm.policy.limits.
+GpuLimit`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SHOW_QOS = ("sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FIELDS}")
 SHOW_CONFIG = ("scontrol", "show", "config")
 SACCT_FIELDS = "JobID,Comment,Account,User,AllocTRES,ElapsedRaw,State"
 _GPU = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
+_TYPED_GPU = re.compile(r"(?:^|,)gres/gpu:([^=,]+)=(\d+)(?=,|$)")
 
 
 class AccountingParseError(ValueError):
@@ -47,6 +50,12 @@ def gpu_count(tres: str) -> int | None:
     """The untyped ``gres/gpu=N`` of a TRES list (``cpu=4,gres/gpu=2``); None without one."""
     match = _GPU.search(tres.strip())
     return None if match is None else int(match[1])
+
+
+def typed_gpu_counts(tres: str) -> tuple[tuple[str, int], ...]:
+    """The per-type ``gres/gpu:TYPE=N`` of a TRES list (``gres/gpu=4,gres/gpu:a100=2``), as
+    ``(type, N)`` pairs sorted by type; empty without any."""
+    return tuple(sorted((m[1], int(m[2])) for m in _TYPED_GPU.finditer(tres.strip())))
 
 
 def _fields(text: str, count: int, what: str) -> list[list[str]]:
@@ -87,6 +96,8 @@ def parse_associations(text: str) -> tuple[Association, ...]:
                 grp_gpus=gpu_count(grp),
                 max_gpus_per_job=gpu_count(per_job),
                 qos=tuple(q for q in qos.split(",") if q),
+                grp_typed=typed_gpu_counts(grp),
+                per_job_typed=typed_gpu_counts(per_job),
             )
         )
     return tuple(associations)
@@ -95,7 +106,14 @@ def parse_associations(text: str) -> tuple[Association, ...]:
 def parse_qos(text: str) -> dict[str, QosLimits]:
     """``sacctmgr -n -P show qos format=`` :data:`QOS_FIELDS`."""
     return {
-        name: QosLimits(gpu_count(grp), gpu_count(per_user), gpu_count(per_job))
+        name: QosLimits(
+            gpu_count(grp),
+            gpu_count(per_user),
+            gpu_count(per_job),
+            grp_typed=typed_gpu_counts(grp),
+            per_user_typed=typed_gpu_counts(per_user),
+            per_job_typed=typed_gpu_counts(per_job),
+        )
         for name, grp, per_user, per_job in _fields(text, 4, "qos")
     }
 

@@ -80,12 +80,40 @@ def test_forced_jobs_use_up_their_limit_first() -> None:
     )
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_limited_solve_is_optimal_by_brute_force(seed: int) -> None:
+def test_a_typed_limit_caps_its_type_only() -> None:
+    cluster = make_cluster([("a100", 1, 8), ("t4", 1, 8)])
+    jobs = tuple(job(n) for n in ("b1", "b2", "b3"))
+    a100 = GpuLimit("account biology GrpTRES a100", frozenset({"b1", "b2", "b3"}), 2, "a100")
+    allocation = SiaPolicy().solve(PolicyInput(cluster, jobs, limits=(a100,)))
+    on = {t: sum(s.config.gpus for s in allocation.jobs.values() if s.config.gpu_type == t)
+          for t in ("a100", "t4")}  # fmt: skip
+    assert on["a100"] == 2  # capped, yet uses what it may
+    assert on["t4"] >= 1  # the other type stays open to the same jobs
+
+
+def test_typed_rows_count_their_type_and_forced_jobs_on_it() -> None:
+    usage, capacity = coupling_rows(  # type: ignore[misc]
+        [GpuLimit("acct a100", frozenset({"a", "b"}), 6, "a100")],
+        ["a", "b"],
+        owner=np.array([0, 0, 1, 1]),
+        gpus=np.array([2.0, 4.0, 2.0, 4.0]),
+        fixed_gpus={0: 4, 1: 2},
+        types=np.array(["a100", "t4", "t4", "a100"], dtype=object),
+        fixed_types={0: "a100", 1: "t4"},
+    )
+    assert usage[:, 0].tolist() == [2.0, 0.0, 0.0, 4.0]
+    assert capacity.tolist() == [2.0]  # 6 less job a's 4 A100s; b's T4s do not count
+    with pytest.raises(ValueError, match="typed limit"):
+        coupling_rows([GpuLimit("x", frozenset({"a"}), 1, "a100")], ["a"], np.zeros(1),
+                      np.ones(1), {})  # fmt: skip
+
+
+@pytest.mark.parametrize(("seed", "gpu_type"), [(s, t) for s in range(6) for t in (None, "a100")])
+def test_limited_solve_is_optimal_by_brute_force(seed: int, gpu_type: str | None) -> None:
     rng = np.random.default_rng(seed)
     cluster = make_cluster([("a100", 1, 4), ("t4", 1, 4)])
     jobs = tuple(job(f"j{i}", seen=int(rng.choice([1, 2, 4]))) for i in range(4))
-    limit = GpuLimit("acct", frozenset({"j0", "j1", "j2"}), int(rng.integers(1, 5)))
+    limit = GpuLimit("acct", frozenset({"j0", "j1", "j2"}), int(rng.integers(1, 5)), gpu_type)
     policy_input = PolicyInput(cluster, jobs, limits=(limit,))
     allocation = SiaPolicy().solve(policy_input)
     columns = release_forced(build_columns(policy_input, SiaPolicy().config), cluster, 0)
@@ -100,7 +128,8 @@ def test_limited_solve_is_optimal_by_brute_force(seed: int) -> None:
                 continue
             config = cols.configs[k]
             used[config.gpu_type] = used.get(config.gpu_type, 0) + config.gpus
-            limited += config.gpus if cols.job.job_id in limit.job_ids else 0
+            counts = gpu_type is None or config.gpu_type == gpu_type
+            limited += config.gpus if cols.job.job_id in limit.job_ids and counts else 0
             cost += cols.cost[k]
         fits = all(used[t] <= cluster.types[t].capacity for t in used)
         if fits and limited <= limit.gpus:
@@ -111,7 +140,14 @@ def test_limited_solve_is_optimal_by_brute_force(seed: int) -> None:
         if share is not None:
             k = cols.configs.index(share.config)
             got += cols.cost[k]
-    assert held(allocation, set(limit.job_ids)) <= limit.gpus
+    assert (
+        sum(
+            s.config.gpus
+            for k, s in allocation.jobs.items()
+            if k in limit.job_ids and gpu_type in (None, s.config.gpu_type)
+        )
+        <= limit.gpus
+    )
     assert got == pytest.approx(best, rel=1e-6, abs=1e-9)
     program = assemble(columns, cluster, limit_rows(columns, (limit,))).program
     assert program.capacity.size == len(cluster.gpu_types) + 1  # one row per type, the limit

@@ -19,6 +19,7 @@ from sia_slurm.slurm.accounting import (
     parse_associations,
     parse_gpu_hours,
     parse_qos,
+    typed_gpu_counts,
 )
 from sia_slurm.slurm.runner import CommandResult
 
@@ -75,6 +76,33 @@ def test_limits_over_live_jobs() -> None:
     assert limits["qos short MaxTRESPerUser root"].job_ids == {"b2", "p1"}
     assert limits["qos short MaxTRESPerUser root"].gpus == 6
     assert not any(name.startswith("account physics") for name in limits)
+
+
+def test_typed_limits_are_read_per_type() -> None:
+    assert typed_gpu_counts("gres/gpu=4,gres/gpu:t4=3,gres/gpu:a100=2") == (
+        ("a100", 2),
+        ("t4", 3),
+    )
+    assert typed_gpu_counts("cpu=2,gres/gpu=4") == ()
+    # Shaped as the 22.05 fixture's rows, with typed TRES as sacctmgr prints them.
+    accounting = SiteAccounting(
+        parse_associations(
+            "siadev|biology||root|1|gres/gpu=4,gres/gpu:a100=2||normal\n"
+            "siadev|biology|root||1||gres/gpu:a100=1|big\n"
+        ),
+        parse_qos("big|gres/gpu:t4=5|gres/gpu:a100=3|gres/gpu:a100=2,gres/gpu:t4=4\n"),
+    )
+    owners = [JobOwner("b1", "root", "biology", "big"), JobOwner("b2", "root", "biology", "")]
+    limits = {limit.name: limit for limit in accounting.limits(owners)}
+    assert limits["account biology GrpTRES"].gpu_type is None
+    assert limits["account biology GrpTRES"].gpus == 4
+    grp = limits["account biology GrpTRES a100"]
+    assert (grp.gpus, grp.gpu_type, grp.job_ids) == (2, "a100", {"b1", "b2"})
+    assert limits["job b1 MaxTRESPerJob a100"].gpus == 1  # the user's, under QOS big's 2
+    assert limits["job b1 MaxTRESPerJob t4"].gpus == 4  # QOS big's
+    assert limits["qos big GrpTRES t4"].gpus == 5
+    assert limits["qos big MaxTRESPerUser root a100"].gpus == 3
+    assert limits["job b2 MaxTRESPerJob a100"].job_ids == {"b2"}  # no QOS: the association's
 
 
 def test_bad_output_is_quoted() -> None:
