@@ -13,5 +13,5 @@ accounts:
 users:
   root: {accounts: [physics, biology]}
 qos:
-  short: {gpus_per_user: 6}
+  short: {gpus_per_user: 6, gpus_per_job: {a100: 2}}
 """

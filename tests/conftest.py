@@ -129,7 +129,8 @@ def slurm_env(dev_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> dict[
 @pytest.fixture(scope="session")
 def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
     """A dev cluster of the session's Slurm release with accounting: ``biology`` limited to 4
-    GPUs (GrpTRES), ``physics`` twice its share, QOS ``short`` at 6 GPUs per user."""
+    GPUs (GrpTRES), ``physics`` twice its share, QOS ``short`` at 6 GPUs per user and 2
+    A100s per job."""
     cluster = DevCluster(
         shared_tmp.mktemp("accounting-cluster"),
         port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET,
