@@ -38,7 +38,7 @@ from sia_slurm.policy.base import (
     Policy,
     PolicyInput,
 )
-from sia_slurm.policy.entitlement import owed_gpus
+from sia_slurm.policy.entitlement import owed_gpus, weighs_jobs
 from sia_slurm.policy.limits import GpuLimit
 from sia_slurm.policy.placement import Placement, place
 from sia_slurm.policy.shares import (
@@ -207,7 +207,7 @@ class Controller:
                 held[account] = held.get(account, 0.0) + job.config.gpus
         parts = account_parts(owners, shares)
         owed: dict[str, int] = {}
-        if len(parts) > 1 and self.usage.limit > 1:
+        if len(parts) > 1 and self.usage.limit > 1 and weighs_jobs(self.policy):
             owed = owed_gpus(self.policy, policy_input, account_of, parts)
         self.usage.record(snapshot.time, held, owed)
         return job_weights(owners, shares, self.usage.factors(parts))

@@ -11,7 +11,8 @@ sharing incentive of Gavel and DRF (no account does worse than on its own slice 
 cluster), measured with Sia's own goodput model, restart factor and growth cap.
 
 Computing it takes one solve per account with live jobs, on that account's jobs only; the
-controller does it only when two or more accounts have live jobs and the usage factor is on.
+controller does it only when two or more accounts have live jobs, the usage factor is on and
+the policy reads the weights at all (:func:`weighs_jobs`: Sia, Gavel's ``max_min_fairness``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from sia_slurm.policy.base import ClusterView, Policy, PolicyInput
+
+
+def weighs_jobs(policy: Policy) -> bool:
+    """Whether ``policy``'s objective reads :attr:`PolicyInput.weights` (its ``weighs_jobs``
+    attribute; absent: no). A policy that ignores the weights (Pollux, FIFO, Gavel's
+    throughput objectives) gains nothing from the usage factor, so the controller does not
+    spend a solve per account on what each is owed."""
+    return bool(getattr(policy, "weighs_jobs", False))
 
 
 def share_cluster(cluster: ClusterView, fraction: float) -> ClusterView:

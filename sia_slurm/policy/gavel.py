@@ -206,6 +206,11 @@ def previous(job: JobView, gpu_type: str) -> tuple[NodeShare, ...]:
 class GavelPolicy:
     config: GavelPolicyConfig = field(default_factory=GavelPolicyConfig)
 
+    @property
+    def weighs_jobs(self) -> bool:
+        """Only the hierarchical ``max_min_fairness`` reads the weights (:mod:`.gavel_lp`)."""
+        return self.config.objective == "max_min_fairness"
+
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()
         received, type_time = credited(policy_input, self.config.round_duration)

@@ -382,6 +382,8 @@ class SiaPolicy:
     """The Sia policy; see the module docstring."""
 
     config: SiaPolicyConfig = field(default_factory=SiaPolicyConfig)
+    # The objective weighs each job (:func:`sia_slurm.policy.entitlement.weighs_jobs`).
+    weighs_jobs = True
 
     def solve(self, policy_input: PolicyInput) -> Allocation:
         started = time.perf_counter()

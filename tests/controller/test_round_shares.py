@@ -13,7 +13,10 @@ from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.model import load_profiles
 from sia_slurm.policy.base import Allocation, NodeView, PolicyInput
+from sia_slurm.policy.entitlement import weighs_jobs
+from sia_slurm.policy.gavel import GavelPolicy
 from sia_slurm.policy.registry import make_policy
+from sia_slurm.policy.settings import GavelPolicyConfig
 from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.protocol import JobSpec
 
@@ -22,6 +25,8 @@ NODES = (NodeView("a100-1", "a100", 4, 4), NodeView("a100-2", "a100", 4, 4))
 
 class Recording:
     """Sia, remembering the inputs it was given."""
+
+    weighs_jobs = True
 
     def __init__(self) -> None:
         self.sia = make_policy("sia")
@@ -77,6 +82,32 @@ def test_static_shares_solve_once(jobs: tuple[JobSnapshot, ...]) -> None:
     shares = SharesConfig(accounts={"bio": 3, "phys": 1}, usage_factor_limit=1)
     controller(policy, shares).round(ClusterSnapshot(0.0, NODES, jobs))
     assert len(policy.inputs) == 1
+
+
+class Counting(Recording):
+    """Any policy, remembering its inputs; it weighs jobs where the policy does."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.sia = make_policy(name)
+        self.weighs_jobs = weighs_jobs(self.sia)
+
+
+@pytest.mark.parametrize("name", ["fifo", "gavel"])
+def test_policies_without_weights_skip_the_owed_solves(
+    jobs: tuple[JobSnapshot, ...], name: str
+) -> None:
+    policy = Counting(name)  # gavel: max_sum_throughput, the default, has no weights
+    assert not policy.weighs_jobs
+    shares = SharesConfig(accounts={"bio": 3, "phys": 1})
+    controller(policy, shares).round(ClusterSnapshot(0.0, NODES, jobs))
+    assert len(policy.inputs) == 1  # the round's own solve, no solve per account
+
+
+def test_which_policies_weigh_jobs() -> None:
+    assert weighs_jobs(make_policy("sia"))
+    assert weighs_jobs(GavelPolicy(GavelPolicyConfig(objective="max_min_fairness")))
+    assert not weighs_jobs(make_policy("pollux"))
 
 
 def test_accounting_shares_and_limits_replace_the_config(jobs: tuple[JobSnapshot, ...]) -> None:
