@@ -18,9 +18,11 @@ Standard library only: the config loader (read on every job start) imports this 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 DEFAULT_ACCOUNT = "(none)"
 """The account of jobs that run under no account the shares know."""
@@ -185,6 +187,37 @@ class UsageLedger:
             self.held = dict(held)
             self.owing = dict(owed or {})
 
+    def to_json(self) -> dict[str, Any]:
+        """The memory (not the settings, which come from the config) as JSON, so a restarted
+        controller (``controller run --once`` is a new process every round) keeps it."""
+        return {
+            "used": self.used,
+            "owed": self.owed,
+            "time": self.time,
+            "held": dict(self.held),
+            "owing": dict(self.owing),
+        }
+
+    def restore(self, data: Any, where: str) -> None:
+        """Take the memory :meth:`to_json` saved; a malformed one raises ValueError naming
+        ``where`` and the field, and leaves this ledger as it was."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a mapping, got {data!r}")
+        parts: dict[str, dict[str, float]] = {}
+        for key in ("used", "owed", "held", "owing"):
+            value = data.get(key, {})
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and _amount(v) for k, v in value.items()
+            ):
+                raise ValueError(f"{where}.{key}: expected account -> number >= 0, got {value!r}")
+            parts[key] = {k: float(v) for k, v in value.items()}
+        time = data.get("time")
+        if time is not None and not _number(time):
+            raise ValueError(f"{where}.time: expected a number or null, got {time!r}")
+        self.used, self.owed = parts["used"], parts["owed"]
+        self.held, self.owing = parts["held"], parts["owing"]
+        self.time = None if time is None else float(time)
+
     def factors(self, accounts: Iterable[str]) -> dict[str, float]:
         result = {}
         for account in accounts:
@@ -192,3 +225,11 @@ class UsageLedger:
             ratio = 1.0 if owed <= 0 else self.limit if used <= 0 else (owed / used) ** self.gain
             result[account] = min(max(ratio, 1.0), self.limit)
         return result
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _amount(value: Any) -> bool:
+    return _number(value) and value >= 0

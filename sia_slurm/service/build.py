@@ -62,7 +62,12 @@ def estimator_factory(config: SiaConfig, profiles_dir: Path | None = None) -> Es
 def open_controller(
     config: SiaConfig, store: Store, profiles_dir: Path | None = None
 ) -> tuple[Controller, list[RestoreNote]]:
-    """The controller with the memory saved in ``store`` (fresh on the first run)."""
+    """The controller with the config's shares and the memory saved in ``store`` (fresh on
+    the first run)."""
     return load_memory(
-        store, build_policy(config), config.policy.name, estimator_factory(config, profiles_dir)
+        store,
+        build_policy(config),
+        config.policy.name,
+        estimator_factory(config, profiles_dir),
+        config.shares,
     )

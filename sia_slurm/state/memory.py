@@ -14,7 +14,11 @@ What a :class:`~sia_slurm.controller.Controller` remembers, and how it is kept:
   (an arbitrary object): pickled into a BLOB with a format number, the sia-slurm version and the
   policy name. If any of them differs, or the BLOB cannot be loaded, the controller starts
   fresh (no previous allocation) and says why;
-* the round index.
+* the round index;
+* the fair-share usage ledger (:class:`~sia_slurm.policy.shares.UsageLedger`: each account's
+  decayed GPU time held and owed), as JSON in ``meta`` under ``usage``: without it a
+  restarted controller, and ``--once`` under cron every round, would start every account's
+  usage factor afresh.
 
 The BLOB is only unpickled from a database that nobody but its owner can write, and only
 classes from sia-slurm, numpy's array reconstruction and plain builtins are accepted.
@@ -40,6 +44,7 @@ from sia_slurm.controller import Controller, JobRecord
 from sia_slurm.core import Configuration
 from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.base import Allocation, Policy
+from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.protocol import JobSpec, MetricsReport, ProtocolError, from_json, to_json
 from sia_slurm.state.store import Store
 
@@ -47,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 MEMORY_FORMAT = 2  # 2: GavelState credits time per type (type_time); Allocation.hints_move_jobs
 DEFAULT_REPORTS_PER_SHAPE = 16
+USAGE_KEY = "usage"  # meta key of the usage ledger
 
 _SAFE_BUILTINS = frozenset(
     {"dict", "list", "tuple", "set", "frozenset", "int", "float", "complex", "str", "bytes"}
@@ -119,6 +125,7 @@ def save_memory(
     conn.execute(
         "DELETE FROM reports WHERE sia_id NOT IN (SELECT sia_id FROM jobs WHERE remembered = 1)"
     )
+    store.set_meta(USAGE_KEY, controller.usage.to_json())
     conn.execute(
         "INSERT OR REPLACE INTO controller VALUES (1, ?, ?, ?, ?, ?, ?)",
         (
@@ -145,17 +152,23 @@ def load_memory(
     policy: Policy,
     policy_name: str,
     estimator_for: Callable[[JobSpec], JobGoodputEstimator],
+    shares: SharesConfig = EQUAL_USERS,
 ) -> tuple[Controller, list[RestoreNote]]:
-    """A :class:`Controller` holding the memory saved in ``store`` (fresh if there is none).
+    """A :class:`Controller` with the site's ``shares`` holding the memory saved in ``store``
+    (fresh if there is none).
 
     Parts that cannot be restored are left out and listed in the returned notes; a job left out
     is simply re-admitted as new at the next round.
     """
-    controller = Controller(policy, estimator_for)
+    controller = Controller(policy, estimator_for, shares)
     notes: list[RestoreNote] = []
     row = store.conn.execute("SELECT * FROM controller WHERE id = 1").fetchone()
     if row is None:
         return controller, notes
+    try:
+        controller.usage.restore(store.meta(USAGE_KEY, {}), f"{store.path}: meta.{USAGE_KEY}")
+    except ValueError as exc:
+        notes.append(RestoreNote("usage ledger", str(exc)))
     controller.round_index = int(row["round_index"])
     previous, why = _previous_allocation(store, row, policy_name)
     controller.previous = previous

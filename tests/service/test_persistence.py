@@ -71,6 +71,16 @@ def _twin(live: Controller, forget: Callable[[Controller], None] | None = None) 
     return twin
 
 
+def test_the_controller_gets_the_configs_shares(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + "shares:\n  accounts: {bio: 3, phys: 1}\n")
+    config = load_config(path)
+    with Store.open(config.db_path) as store:
+        controller, _ = open_controller(config, store)
+    assert controller.shares == config.shares
+    assert controller.shares.account_share("bio") == 3
+
+
 @pytest.mark.parametrize("policy", ["sia", "gavel"])
 def test_rebuilt_controller_decides_like_the_live_one(tmp_path, policy: str) -> None:  # type: ignore[no-untyped-def]
     """Run rounds with one long-lived controller; after each, rebuild a second one from the

@@ -17,6 +17,7 @@ from sia_slurm.policy.base import Allocation, JobAllocation, NodeShare, NodeView
 from sia_slurm.policy.gavel import GavelState
 from sia_slurm.policy.pollux import PolluxState
 from sia_slurm.policy.registry import make_policy
+from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.protocol import JobSpec, MetricsReport
 from sia_slurm.state import Store, load_memory, save_memory
 from sia_slurm.state.memory import dump_allocation, load_allocation
@@ -128,3 +129,32 @@ def test_unreadable_job_spec_leaves_the_job_out(factory: EstimatorFactory, store
     controller, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
     assert controller.jobs == {}
     assert len(notes) == 1 and "jobs.j1.spec: app: expected str, got 7" in notes[0].reason
+
+
+def test_usage_ledger_and_shares_survive_a_restart(factory: EstimatorFactory, store: Store) -> None:
+    controller = remembered_controller(factory, store)
+    controller.usage.record(0.0, {"bio": 1.0, "phys": 4.0}, {"bio": 4.0, "phys": 4.0})
+    controller.usage.record(600.0, {"bio": 1.0, "phys": 4.0}, {"bio": 4.0, "phys": 4.0})
+    with store.transaction():
+        save_memory(store, controller, "gavel", [], 1, 600.0)
+    shares = SharesConfig(accounts={"bio": 3, "phys": 1})
+    restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory, shares)
+    assert notes == [] and restored.shares is shares
+    factors = restored.usage.factors(["bio", "phys"])
+    assert factors["bio"] > 1.0 == factors["phys"]  # bio held 1 of the 4 it was owed
+    assert factors == controller.usage.factors(["bio", "phys"])
+    assert restored.usage.to_json() == controller.usage.to_json()  # held/owing since 600 too
+
+
+def test_a_malformed_usage_ledger_starts_afresh(factory: EstimatorFactory, store: Store) -> None:
+    remembered_controller(factory, store)
+    store.set_meta("usage", {"used": {"bio": -1}, "owed": {}})
+    restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
+    assert [n.what for n in notes] == ["usage ledger"]
+    assert "meta.usage.used: expected account -> number >= 0" in notes[0].reason
+    assert restored.usage.used == {} and restored.usage.time is None
+    store.set_meta("usage", {"time": "noon"})
+    assert (
+        "meta.usage.time: expected a number"
+        in load_memory(store, make_policy("gavel"), "gavel", factory)[1][0].reason
+    )
