@@ -81,7 +81,10 @@ def test_slurm_enforces_grptres_and_sacct_keeps_comments(accounting_cluster: Dev
             ["squeue", "-h", "-o", "%i %T %r", "-j", f"{first},{second},{typed}"]
         ).stdout
         states = {line.split()[0]: tuple(line.split()[1:3]) for line in out.splitlines()}
-        if states.get(first, ("",))[0] == "RUNNING" and {second, typed} <= set(states):
+        # Until the scheduler has looked at both waiting jobs (26.05 lists them first with
+        # reason None).
+        waiting = [states.get(j, ("", "None"))[1] for j in (second, typed)]
+        if states.get(first, ("",))[0] == "RUNNING" and "None" not in waiting:
             break
         time.sleep(0.5)
     # 4 GPUs of biology's 4 are held: the 5th waits on the association's limit.
