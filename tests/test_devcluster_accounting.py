@@ -56,6 +56,9 @@ def test_typed_limits_become_typed_tres() -> None:
         ["add", "qos", "big", "GrpTRES=gres/gpu=8", "MaxTRESPerJob=gres/gpu:a100=2,gres/gpu:t4=1"],
         ["add", "account", "a", "Cluster=siadev", "Fairshare=1", "GrpTRES=gres/gpu:a100=2"],
     ]
+    spec.check_gpu_types(["a100", "t4"])
+    with pytest.raises(AccountingSpecError, match=r"qos\.big: MaxTRESPerJob on GPU type 't4'"):
+        spec.check_gpu_types(["a100", "rtx"])
     layout = AccountingLayout(Path("/srv/dev"), 17000, nodes=6)
     lines = slurm_conf_lines(layout, Path("/s"), ("a100", "t4"))
     assert "AccountingStorageTRES=gres/gpu,gres/gpu:a100,gres/gpu:t4" in lines

@@ -167,7 +167,9 @@ def up(
     if accounting or accounts_file is not None:
         text = accounts_file.read_text() if accounts_file else DEFAULT_ACCOUNTS
         try:
-            accounts = AccountingSpec.parse(text, str(accounts_file or "default accounts"))
+            where = str(accounts_file or "default accounts")
+            accounts = AccountingSpec.parse(text, where)
+            accounts.check_gpu_types((g.gpu_type for g in parsed.groups), where)
         except AccountingSpecError as exc:
             raise click.BadParameter(str(exc), param_hint="--accounts") from None
     cluster = DevCluster(

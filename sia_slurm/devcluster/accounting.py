@@ -33,7 +33,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,21 @@ class AccountingSpec:
             _keys(raw, at, ("gpus", "gpus_per_user", "gpus_per_job"))
             qos[_name(name, at)] = _limits(raw, at, ("gpus", "gpus_per_user", "gpus_per_job"))
         return cls(tuple(accounts), tuple(users), qos)
+
+    def check_gpu_types(self, gpu_types: Iterable[str], where: str = "accounts spec") -> None:
+        """A per-type limit must name one of the cluster's GPU types (sacctmgr knows no other
+        TRES): else an error naming the limit, before anything starts."""
+        known = set(gpu_types)
+        limits = [(f"accounts.{a.name}", a.limits) for a in self.accounts]
+        limits += [(f"users.{u.name}", u.limits) for u in self.users]
+        limits += [(f"qos.{name}", spec) for name, spec in self.qos.items()]
+        for at, spec in limits:
+            for key, gpu_type, _ in spec.typed:
+                if gpu_type not in known:
+                    raise AccountingSpecError(
+                        f"{where}: {at}: {key} on GPU type {gpu_type!r}, which the "
+                        f"cluster lacks (its types: {', '.join(sorted(known))})"
+                    )
 
     def with_users(self, names: Sequence[str]) -> AccountingSpec:
         """The spec plus an association in the first account for each of ``names`` it lacks."""

@@ -171,6 +171,11 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
             self.layout.state_file.unlink()
         account = self._slurm_account()
         self._check_ports(spec)
+        if self.accounting is not None:
+            try:
+                self.accounting.check_gpu_types(g.gpu_type for g in spec.groups)
+            except acct.AccountingSpecError as exc:
+                raise DevClusterError(str(exc)) from None
         chroot = self._open_root()
         records: list[DaemonRecord] = []
         try:

@@ -114,7 +114,7 @@ def test_down_stops_mariadb_and_slurmdbd(
         slurm=TEST_SLURM,
         accounting=AccountingSpec.parse(ACCOUNTING_SPEC, "ACCOUNTING_SPEC"),
     )
-    cluster.up(DevClusterSpec.parse("t4:1x2"))
+    cluster.up(DevClusterSpec.parse("a100:1x2"))  # the spec limits A100s per job
     try:
         recorded = cluster._recorded()
         assert recorded is not None
