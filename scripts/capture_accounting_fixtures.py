@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sia_slurm.devcluster import DevCluster, DevClusterSpec  # noqa: E402
-from sia_slurm.devcluster.accounting import AccountingSpec  # noqa: E402
+from sia_slurm.devcluster.accounts_spec import AccountingSpec  # noqa: E402
 from sia_slurm.slurm.accounting import SHOW_ASSOC, SHOW_QOS, sacct_runs  # noqa: E402
 
 SPEC = """\

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
-from sia_slurm.devcluster.accounting import AccountingSpec
+from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_PORT_OFFSET, ACCOUNTING_SPEC
 from tests.accounts import (
     SharedTmp,

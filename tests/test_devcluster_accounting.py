@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 
 from sia_slurm.devcluster.accounting import (
-    DEFAULT_ACCOUNTS,
     AccountingLayout,
-    AccountingSpec,
-    AccountingSpecError,
     find_accounting_programs,
     find_client_library,
     render_slurmdbd_conf,
-    sacctmgr_commands,
     slurm_conf_lines,
+)
+from sia_slurm.devcluster.accounts_spec import (
+    DEFAULT_ACCOUNTS,
+    AccountingSpec,
+    AccountingSpecError,
+    sacctmgr_commands,
 )
 from sia_slurm.devcluster.chroot import RootPrograms
 

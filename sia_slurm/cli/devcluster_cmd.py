@@ -15,7 +15,7 @@ from sia_slurm.devcluster import (
     DevClusterSpec,
     controller_config,
 )
-from sia_slurm.devcluster.accounting import (
+from sia_slurm.devcluster.accounts_spec import (
     DEFAULT_ACCOUNTS,
     AccountingSpec,
     AccountingSpecError,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sia_slurm.devcluster import accounting as acct
 from sia_slurm.devcluster.access import Account, untraversable
+from sia_slurm.devcluster.accounts_spec import AccountingSpecError
 from sia_slurm.devcluster.chroot import (
     SYSTEM,
     ChrootError,
@@ -174,7 +175,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         if self.accounting is not None:
             try:
                 self.accounting.check_gpu_types(g.gpu_type for g in spec.groups)
-            except acct.AccountingSpecError as exc:
+            except AccountingSpecError as exc:
                 raise DevClusterError(str(exc)) from None
         chroot = self._open_root()
         records: list[DaemonRecord] = []

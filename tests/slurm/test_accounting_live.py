@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from sia_slurm.devcluster import DevCluster, DevClusterSpec
-from sia_slurm.devcluster.accounting import AccountingSpec
+from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
 from sia_slurm.slurm.accounting import AccountingReader
 from tests.accounting_site import ACCOUNTING_SPEC
