@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -94,6 +94,7 @@ from sia_slurm.protocol import (
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 logger = logging.getLogger("sia-launch")
+STOPPED = "stopped on the controller's request"  # the message of a stopped run's record
 
 # Set by sbatch at submission from the job's original request; wrong after the controller
 # resized the pending job, and srun reads them as options (docs/slurm-actuation.md).
@@ -249,12 +250,17 @@ class _Child:
     def _hint(self, _signum: int, _frame: FrameType | None) -> None:
         logger.info("SIGUSR1: the controller asked for a stop; rank 0 polls the stop file")
 
-    def wait(self) -> int:
+    def wait(self, on_terminate: Callable[[], None] | None = None) -> int:
+        """srun's exit status; ``on_terminate`` runs once, within a second of a forwarded
+        SIGTERM, while srun may still wait for its step."""
+        noticed = False
         while True:
             try:
                 return self._proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
-                continue
+                if self.terminated and not noticed and on_terminate is not None:
+                    noticed = True
+                    on_terminate()
 
 
 def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
@@ -366,11 +372,21 @@ def _supervise(
         " ".join(argv),
     )
     child = _Child(argv, worker_environment(environ, job))
-    status = child.wait()
     run = (allocation.job_id, allocation.restart_count)
+
+    def record_if_stopped() -> None:
+        """A run that acknowledged a stop is recorded as stopped as soon as Slurm's SIGTERM
+        (the controller's requeue) arrives, not only once srun has exited: Slurm SIGKILLs this
+        batch script KillWait after that SIGTERM, and a step slow to end (seen on 26.05 at load
+        15: srun "Waiting up to 12 seconds for job step to finish", KillWait 10 s) left the run
+        without its record. Written again, the same, when srun exits."""
+        if stopped_on_request(paths, sia_id, assignment.round_index, *run):
+            record_exit(paths, sia_id, allocation, ExitCause.STOPPED, EXIT_STOPPED, STOPPED)
+
+    status = child.wait(on_terminate=record_if_stopped)
     if stopped_on_request(paths, sia_id, assignment.round_index, *run):
         logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
-        return EXIT_STOPPED, ExitCause.STOPPED, "stopped on the controller's request"
+        return EXIT_STOPPED, ExitCause.STOPPED, STOPPED
     successor = superseded_by(paths, sia_id, *run, job.hostnames)
     if successor is not None:
         message = (

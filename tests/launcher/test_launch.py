@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -426,3 +430,18 @@ def test_a_refused_or_invalid_launch_is_recorded_too(
         launch(config, "s1-abcd", SLURM)
     record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
     assert (record.cause, record.status, record.message) == ("refused", 3, "not granted")
+
+
+def test_a_forwarded_sigterm_is_acted_on_while_srun_still_waits_for_its_step() -> None:
+    """Slurm SIGKILLs the batch script KillWait after its SIGTERM: sia-launch must not leave
+    what it knows (a stopped run's record) until srun has exited, which may be later."""
+    # srun's stand-in: ignores SIGTERM (it waits up to 12 s for the step) and ends by itself.
+    child = launcher.launch._Child(
+        [sys.executable, "-c", "import signal, time; signal.signal(15, signal.SIG_IGN); "
+         "time.sleep(3)"], dict(os.environ)
+    )  # fmt: skip
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    seen: list[bool] = []
+    status = child.wait(on_terminate=lambda: seen.append(child._proc.poll() is None))
+    assert seen == [True] and child.terminated == signal.SIGTERM  # once, srun still running
+    assert status == 0
