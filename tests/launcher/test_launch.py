@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -391,7 +392,7 @@ def test_every_run_leaves_how_it_ended_for_the_controller(
     monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
     monkeypatch.setattr(launcher.launch, "slurm_ended", lambda *a: "")  # a healthy cluster
 
-    def run(self: _FakeChild) -> int:
+    def run(self: _FakeChild, on_terminate: Callable[[], None] | None = None) -> int:
         if training is not None:
             mark_task(job_dir, "41", 1, 0)
         if training:
