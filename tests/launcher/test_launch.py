@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -436,13 +435,18 @@ def test_a_refused_or_invalid_launch_is_recorded_too(
 def test_a_forwarded_sigterm_is_acted_on_while_srun_still_waits_for_its_step() -> None:
     """Slurm SIGKILLs the batch script KillWait after its SIGTERM: sia-launch must not leave
     what it knows (a stopped run's record) until srun has exited, which may be later."""
-    # srun's stand-in: ignores SIGTERM (it waits up to 12 s for the step) and ends by itself.
-    child = launcher.launch._Child(
-        [sys.executable, "-c", "import signal, time; signal.signal(15, signal.SIG_IGN); "
-         "time.sleep(3)"], dict(os.environ)
-    )  # fmt: skip
+    # srun's stand-in ignores SIGTERM from its first instruction (an ignored signal is
+    # inherited across exec; _Child installs its own handler here after the Popen), and ends
+    # only when the callback kills it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = launcher.launch._Child(["sleep", "60"], dict(os.environ))
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
     seen: list[bool] = []
-    status = child.wait(on_terminate=lambda: seen.append(child._proc.poll() is None))
+
+    def on_terminate() -> None:
+        seen.append(child._proc.poll() is None)
+        child._proc.kill()
+
+    status = child.wait(on_terminate=on_terminate)
     assert seen == [True] and child.terminated == signal.SIGTERM  # once, srun still running
-    assert status == 0
+    assert status == -signal.SIGKILL
