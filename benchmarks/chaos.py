@@ -58,8 +58,10 @@ from benchmarks.chaos_evidence import (  # noqa: E402
     read_exit_records,
     read_job_log,
     read_sample_log,
+    read_training_records,
     table,
     totals,
+    unlogged_completions,
 )
 from benchmarks.chaos_plan import (  # noqa: E402
     FAULT_KINDS,
@@ -173,9 +175,13 @@ def gather(site: Site, plans: list[JobPlan]) -> list[JobEvidence]:
         )
         samples = read_sample_log(site.samples(plan.name) / "samples-r0.jsonl")
         exits = tuple(read_exit_records(site.paths.job_dir(sia_id))) if sia_id else ()
+        events = read_job_log(site.log(plan.name))
+        if sia_id:
+            records = read_training_records(site.paths.job_dir(sia_id))
+            events += unlogged_completions(records, events)
         found.append(
             JobEvidence(
-                plan.name, sia_id, phase, message, tuple(read_job_log(site.log(plan.name))),
+                plan.name, sia_id, phase, message, tuple(events),
                 samples, exits, states,
             )
         )  # fmt: skip

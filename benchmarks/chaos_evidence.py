@@ -8,7 +8,9 @@ the controller wrote, never from what the soak meant to happen:
   one ``training complete`` line of a run that trained (every rank-0 completion logs it after
   its final checkpoint). A run that restored the final checkpoint and completed at once (the
   previous run completed, then died with its node before its launcher could record it, so the
-  controller brought it back) trained nothing again: a *replayed* completion, counted apart;
+  controller brought it back) trained nothing again: a *replayed* completion, counted apart.
+  A run left behind by a dead slurmd logs nothing once its ``srun`` is gone: its completion
+  is the ``training-<run>.json`` it left (:func:`unlogged_completions`);
 * **false completion records**: an ``exit-<run>.json`` whose cause is ``completed`` for a run
   that logged no completion (seen: ``srun`` exited 0 after "Node failure");
 * **failed by its own code**: the database says ``failed`` and the last run's exit record
@@ -124,6 +126,56 @@ def read_job_log(path: Path) -> list[LogEvent]:
         return []
     with open(path, encoding="utf-8", errors="replace") as handle:
         return parse_job_log(handle)
+
+
+TRAINING_RECORD = re.compile(r"^training-(?P<slurm>\d+)\.(?P<restart>\d+)\.json$")
+SAME_COMPLETION_S = 5.0  # a logged completion this close to a record's, same step: the same one
+
+
+def unlogged_completions(
+    records: Iterable[tuple[str, Mapping[str, Any]]], logged: Sequence[LogEvent]
+) -> list[LogEvent]:
+    """``complete`` events for the runs whose trainer recorded a completion that the job's log
+    does not have. ``records``: ``(file name, content)`` of the job's ``training-<run>.json``.
+
+    sia-launch removes a run's record once it has judged the run, so a record left over is
+    one the trainer wrote after its launcher had gone: a run left behind by a dead slurmd
+    (seen: cifar10-06, soak of 2026-11-26, seed 18, whose run 1 completed a second after
+    its launcher judged it aborted). Its log lines went to an ``srun`` that no longer
+    existed, so only the record says that it trained to the end and saved the final
+    checkpoint. Without it, the next run's immediate completion from that checkpoint reads
+    as the job's one trained completion, and a successor that trained to the end again
+    would not read as the second."""
+    found = []
+    for name, record in records:
+        match = TRAINING_RECORD.match(name)
+        steps, when = record.get("steps"), record.get("time")
+        if match is None or record.get("end") != "completed" or not isinstance(steps, int):
+            continue
+        if not isinstance(when, int | float):
+            continue
+        if any(
+            e.kind == "complete" and e.step == steps and abs(e.time - when) <= SAME_COMPLETION_S
+            for e in logged
+        ):
+            continue
+        found.append(
+            LogEvent(float(when), "complete", "", -1, steps, match["slurm"], int(match["restart"]))
+        )
+    return found
+
+
+def read_training_records(job_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The job's ``training-<run>.json`` records left over (unreadable: skipped)."""
+    found = []
+    for path in sorted(job_dir.glob("training-*.json")) if job_dir.is_dir() else []:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            found.append((path.name, record))
+    return found
 
 
 @dataclass(frozen=True)
@@ -351,6 +403,9 @@ class JobEvidence:
             "duplicate_launches": {str(k): v for k, v in self.duplicate_launches.items()},
             "overlapping_runs": [list(pair) for pair in self.samples.overlaps],
             "left_behind_exits": sum(1 for e in self.events if e.kind == "left"),
+            "unlogged_completions": sum(
+                1 for e in self.events if e.kind == "complete" and e.round == -1
+            ),
         }
 
 

@@ -306,11 +306,15 @@ def run_end(status: int, evidence: RunEvidence) -> tuple[int, ExitCause, str]:
     ``srun``'s status: after "Node failure on N", srun exits 0 on Slurm 22.05, 1 on 24.11 and 26.05.
     With status 0, a trainer that began and never
     ended by itself was killed under ``srun`` (a node failure): not the job's doing, and the
-    launcher exits :data:`EXIT_ABORTED` so Slurm does not record a completion. With a non-zero
-    status, a run whose tasks never started, or whose rendezvous failed, was not launched by
-    Slurm and torchrun as asked; only a run that got that far and then failed is the job's own
-    failure. A command that does not use the trainer leaves no training record: its status
-    is all there is.
+    launcher exits :data:`EXIT_ABORTED` so Slurm does not record a completion. A trainer that
+    began the controller's stop (SIGUSR1, the controller's, not Slurm's) and died before
+    acknowledging it, with a non-zero status while Slurm says the run still runs on live
+    nodes, died by its own code (the soak killed rank 0 writing its stop checkpoint): a
+    controller that gives up on the acknowledgement requeues the job, which Slurm then says.
+    With a non-zero status, a run whose tasks never started, or whose rendezvous failed, was
+    not launched by Slurm and torchrun as asked; only a run that got that far and then failed
+    is the job's own failure. A command that does not use the trainer leaves no training
+    record: its status is all there is.
     """
     training = evidence.training
     completed = training is not None and training.end == "completed"
@@ -327,10 +331,16 @@ def run_end(status: int, evidence: RunEvidence) -> tuple[int, ExitCause, str]:
         )
     if training is not None and training.end in (None, "terminated", "stopped"):
         how = _UNENDED[training.end]
-        if status == EXIT_OK or training.end is not None:
+        if status == EXIT_OK or training.end == "terminated":
             return EXIT_ABORTED, ExitCause.ABORTED, (
                 f"the trainer {how} at step {training.steps} without ending by itself and "
                 f"srun exited {status}: Slurm ended the run under it (a node failure?)"
+            )  # fmt: skip
+        if training.end == "stopped":
+            return status, ExitCause.FAILED, (
+                f"the trainer died inside the stop it began at step {training.steps} (its "
+                f"checkpoint never acknowledged) and srun exited {status}, Slurm ending nothing "
+                "under it: the job's own code"
             )  # fmt: skip
     if status == EXIT_OK:
         return EXIT_OK, ExitCause.COMPLETED, "training completed"

@@ -22,9 +22,11 @@ from benchmarks.chaos_evidence import (
     parse_job_log,
     parse_sample_log,
     read_exit_records,
+    read_training_records,
     restores,
     table,
     totals,
+    unlogged_completions,
 )
 from benchmarks.chaos_plan import (
     ARRIVALS,
@@ -191,6 +193,50 @@ def test_verdicts_rest_on_the_database_the_log_and_the_exit_records() -> None:
     assert evidence("done", unfinished, ["completed"]).verdict == "lost"
     overlap = SampleRuns({0: 0, 1: 5}, {0: 10, 1: 12}, ((0, 1),), 5)
     assert evidence("done", LOG, ["completed"], overlap).launched_twice
+
+
+def test_a_completion_only_a_left_over_training_record_says_is_counted() -> None:
+    """Run 2 of the captured log left behind by its dead slurmd: it completed after its
+    launcher had gone, so its 'training complete' line never reached the log, and only its
+    ``training-1.2.json`` (which sia-launch removes once it has judged a run) says so."""
+    logged = parse_job_log(LOG.splitlines())
+    done = next(e for e in logged if e.kind == "complete")
+    unlogged = "\n".join(line for line in LOG.splitlines() if "training complete" not in line)
+    record = ("training-1.2.json", {"steps": 93, "end": "completed", "time": done.time})
+
+    def judged(log: str, records: list[tuple[str, dict[str, object]]]) -> JobEvidence:
+        events = parse_job_log(log.splitlines())
+        events += unlogged_completions(records, events)
+        return JobEvidence("bert-03", JOB, "done", "", tuple(events), SampleRuns(), ())
+
+    # The successor restored the final checkpoint and completed at once: a replay.
+    replay = judged(unlogged + "\n" + rerun(3, 93, 93), [record])
+    assert (replay.completions, replay.replayed_completions) == (1, 1)
+    assert replay.verdict == "completed once"
+    assert [r.last_checkpoint for r in replay.restores][-1] == 93
+    assert judged(unlogged + "\n" + rerun(3, 93, 93), []).replayed_completions == 0  # as before
+    # The successor restored an older checkpoint and trained to the end again: twice.
+    assert judged(unlogged + "\n" + rerun(3, 70, 93), [record]).verdict == "duplicated"
+    assert judged(unlogged + "\n" + rerun(3, 70, 93), []).verdict == "completed once"
+    # A record whose completion the log has, runs that did not complete, junk: nothing added.
+    assert unlogged_completions([record], logged) == []
+    others = [
+        ("training-1.1.json", {"steps": 80, "end": None, "time": done.time}),
+        ("training-1.0.json", {"steps": 70, "end": "stopped", "time": done.time}),
+        ("exit-1.2.json", {"steps": 93, "end": "completed", "time": done.time}),
+        ("training-1.3.json", {"steps": "93", "end": "completed", "time": done.time}),
+    ]
+    assert unlogged_completions(others, []) == []
+
+
+def test_training_records_are_read_and_junk_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "training-1.2.json").write_text('{"steps": 93, "end": "completed", "time": 1}')
+    (tmp_path / "training-1.3.json").write_text("cut sh")
+    (tmp_path / "exit-1.2.json").write_text("{}")
+    assert read_training_records(tmp_path) == [
+        ("training-1.2.json", {"steps": 93, "end": "completed", "time": 1})
+    ]
+    assert read_training_records(tmp_path / "missing") == []
 
 
 def test_totals_and_the_table() -> None:

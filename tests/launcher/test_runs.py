@@ -194,6 +194,16 @@ TASKS = RunEvidence(tasks_started=1)
         ),
         # It stopped for a stop this run never acknowledged: not a completion.
         (0, RunEvidence(1, (), TrainingRecord(33, "stopped")), (EXIT_ABORTED, ExitCause.ABORTED)),
+        # It died inside that stop (the soak killed rank 0 writing its stop checkpoint) and
+        # Slurm ended nothing under it: the job's own code, not "a node failure?" (soak
+        # 2026-11-26, bert-03) ...
+        (1, RunEvidence(1, (), TrainingRecord(64, "stopped")), (1, ExitCause.FAILED)),
+        # ... unless Slurm says it did (a node died under the stop).
+        (
+            1,
+            RunEvidence(1, (), TrainingRecord(64, "stopped"), "node a100-1 DOWN*"),
+            (EXIT_ABORTED, ExitCause.ABORTED),
+        ),
         # The trainer raised (no end said) and srun failed: the job's own code.
         (1, RunEvidence(1, (), TrainingRecord(33)), (1, ExitCause.FAILED)),
         # srun started no task (soak defect 3b: "Unable to confirm allocation"): Slurm's.
