@@ -6,12 +6,14 @@ Shared by the plain-DDP and the Lightning example's move tests."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,10 @@ from sia_slurm.protocol import (
     Assignment,
     JobSpec,
     MetricsReport,
+    RunExit,
     StatePaths,
     StopRequest,
+    exit_name,
     read_document,
     write_document,
 )
@@ -129,3 +133,50 @@ class MovingJob:
             self.job_out,
         )
         wait_for(f"a report from {gpu_type}", lambda: self.report_from(gpu_type), 30, self.job_out)
+
+
+# The moves both example tests make: run 0 on 1 t4 GPU (round 1), run 1 on 2 a100 GPUs, run 2
+# on 4 rtx GPUs on 2 nodes with accumulation; (round, type, nodes, GPUs, batch) and, per run,
+# (type, replicas, local batch, accumulation steps).
+PLAN = [(2, "a100", 1, 2, 32), (3, "rtx", 2, 4, 48)]
+SHAPES = {0: ("t4", 1, 16, 0), 1: ("a100", 2, 16, 0), 2: ("rtx", 4, 6, 1)}
+
+
+def move_through_the_plan(job: MovingJob, steps: int) -> list[list[int]]:
+    """Start ``job`` on 1 t4 GPU, move it through :data:`PLAN` after ``steps`` steps each,
+    stop and cancel it; every run's launcher judged it from rank 0's record: stopped. The
+    sorted steps each run trained."""
+    job.start("t4", 1, 16)
+    job.wait_for_steps(0, steps, "t4", 180)
+    for run, (round_index, gpu_type, nodes, gpus, batch) in enumerate(PLAN, start=1):
+        job.stop(round_index, run - 1)
+        job.move(round_index, run, gpu_type, nodes, gpus, batch)
+        job.wait_for_steps(run, steps, gpu_type, 240)
+    job.stop(4, 2)
+    job.runner.run(["scancel", job.job_id])
+    for run in range(3):
+        path = job.paths.job_dir(job.sia_id) / exit_name(job.job_id, run)
+        wait_for(f"exit record of run {run}", path.exists, 60, job.job_out)
+        record = read_document(RunExit, path)
+        assert (record.cause, record.status) == ("stopped", 75), record
+    return [sorted(steps_of(read_rows(job.samples), run)) for run in range(3)]
+
+
+def check_runs_continue(runs: list[list[int]]) -> None:
+    """The first run starts at step 0 and each goes on where the one before stopped."""
+    assert runs[0][0] == 0
+    for before, after in itertools.pairwise(runs):
+        assert after == list(range(before[-1] + 1, before[-1] + 1 + len(after)))  # continuous
+
+
+def check_epochs(rows: list[dict[str, Any]], dataset: int) -> int:
+    """No sample twice in an epoch, none skipped in a finished one; the last epoch."""
+    epochs: dict[int, Counter[int]] = defaultdict(Counter)
+    for row in rows:
+        epochs[row["epoch"]].update(row["indices"])
+    last = max(epochs)
+    for epoch, counts in epochs.items():
+        assert max(counts.values()) == 1, f"epoch {epoch} repeated samples"
+        if epoch < last:
+            assert sorted(counts) == list(range(dataset)), f"epoch {epoch} skipped samples"
+    return last

@@ -21,9 +21,16 @@ from launcher.elastic.checkpoint import CheckpointManager
 from launcher.examples.ddp_parts import make_dataset, make_model
 from sia_slurm.config import load_config
 from sia_slurm.devcluster import DevCluster
-from sia_slurm.protocol import RunExit, StatePaths, exit_name, read_document
-from tests.launcher.moves import LIMITS, MovingJob, read_rows, steps_of
-from tests.launcher.test_slurm_job import wait_for
+from sia_slurm.protocol import StatePaths
+from tests.launcher.moves import (
+    LIMITS,
+    SHAPES,
+    MovingJob,
+    check_epochs,
+    check_runs_continue,
+    move_through_the_plan,
+    read_rows,
+)
 
 DATASET = 96
 
@@ -59,53 +66,27 @@ def test_ddp_script_moves_1_2_4_gpus_across_types(
     )  # fmt: skip
 
     # ---- run 0: 1 t4 GPU; run 1: 2 a100 GPUs; run 2: 4 rtx GPUs on 2 nodes ----------------
-    job.start("t4", 1, 16)
-    plan = [(2, "a100", 1, 2, 32), (3, "rtx", 2, 4, 48)]
-    job.wait_for_steps(0, 12, "t4", 180)
-    for run, (round_index, gpu_type, nodes, gpus, batch) in enumerate(plan, start=1):
-        job.stop(round_index, run - 1)
-        job.move(round_index, run, gpu_type, nodes, gpus, batch)
-        job.wait_for_steps(run, 12, gpu_type, 240)
-    job.stop(4, 2)
-    job.runner.run(["scancel", job.job_id])
-    for run in range(3):  # each run's launcher judged it from rank 0's record: stopped
-        path = paths.job_dir(job.sia_id) / exit_name(job.job_id, run)
-        wait_for(f"exit record of run {run}", path.exists, 60, job.job_out)
-        record = read_document(RunExit, path)
-        assert (record.cause, record.status) == ("stopped", 75), record
-    spec, samples = job.spec, job.samples
+    runs = move_through_the_plan(job, 12)
 
     # ---- what each run trained on --------------------------------------------------------
-    rows = read_rows(samples)
-    runs = [sorted(steps_of(rows, run)) for run in range(3)]
-    assert runs[0][0] == 0
-    for before, after in itertools.pairwise(runs):
-        assert after == list(range(before[-1] + 1, before[-1] + 1 + len(after)))  # continuous
-    shapes = {0: ("t4", 1, 16, 0), 1: ("a100", 2, 16, 0), 2: ("rtx", 4, 6, 1)}
+    rows = read_rows(job.samples)
+    check_runs_continue(runs)
     per_step: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         per_step[(row["restarts"], row["step"])].append(row)
         assert (row["gpu_type"], row["replicas"], row["local_bsz"], row["accum_steps"]) == (
-            shapes[row["restarts"]]
+            SHAPES[row["restarts"]]
         )
         assert len(row["indices"]) <= LIMITS[row["gpu_type"]]
     for (restarts, _step), step_rows in per_step.items():
-        replicas, micro = shapes[restarts][1], shapes[restarts][3] + 1
-        full = sum(len(r["indices"]) for r in step_rows) == replicas * micro * shapes[restarts][2]
+        replicas, micro = SHAPES[restarts][1], SHAPES[restarts][3] + 1
+        full = sum(len(r["indices"]) for r in step_rows) == replicas * micro * SHAPES[restarts][2]
         if full:  # a whole step: every rank ran every micro-batch
             assert Counter(r["rank"] for r in step_rows) == dict.fromkeys(range(replicas), micro)
-    epochs: dict[int, Counter[int]] = defaultdict(Counter)
-    for row in rows:
-        epochs[row["epoch"]].update(row["indices"])
-    last = max(epochs)
-    for epoch, counts in epochs.items():
-        assert max(counts.values()) == 1, f"epoch {epoch} repeated samples"
-        if epoch < last:
-            assert sorted(counts) == list(range(DATASET)), f"epoch {epoch} skipped samples"
-    assert last >= 3
+    assert check_epochs(rows, DATASET) >= 3
 
     # ---- the loss keeps falling over the moves; the GradScaler's scale moves with the job --
-    manager = CheckpointManager(spec.checkpoint_dir)
+    manager = CheckpointManager(job.spec.checkpoint_dir)
     ends = [steps[-1] + 1 for steps in runs]
     assert manager.steps()[:2] == [ends[2], ends[1]]
     states = [manager.load(end)[1] for end in ends[1:]]  # type: ignore[index]

@@ -7,13 +7,7 @@ record)."""
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
-import re
-import subprocess
-import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,9 +15,16 @@ import pytest
 from launcher.elastic.checkpoint import CheckpointManager
 from sia_slurm.config import load_config
 from sia_slurm.devcluster import DevCluster
-from sia_slurm.protocol import Assignment, JobSpec, RunExit, StatePaths, exit_name, read_document
+from sia_slurm.protocol import Assignment, RunExit, StatePaths, exit_name, read_document
 from sia_slurm.protocol import write_document as write
-from tests.launcher.moves import MovingJob, read_rows, steps_of
+from tests.launcher.moves import (
+    SHAPES,
+    MovingJob,
+    check_epochs,
+    check_runs_continue,
+    move_through_the_plan,
+    read_rows,
+)
 from tests.launcher.test_slurm_job import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,26 +40,18 @@ def test_the_lightning_example_trains_to_completion_on_two_gpus(
     tmp_path: Path,
 ) -> None:
     paths = StatePaths(load_config(config_path).state_dir)
-    samples, job_out = tmp_path / "samples", tmp_path / "job.out"
-    submitted = subprocess.run(
+    job = MovingJob(
+        dev_cluster.runner(), paths, tmp_path,
         [
-            sys.executable, "-m", "launcher.sbatch", "--parsable",
             "--config", str(config_path), "--profile", str(tiny_profile),
-            "--num-gpus", "2", "--gpu-type", "a100", "--batch-size", "16",
-            f"--output={job_out}", "--",
+            "--num-gpus", "2", "--gpu-type", "a100", "--batch-size", "16", "--",
             "python", "-m", "launcher.examples.lightning_elastic", "--epochs", "2",
-            "--dataset-size", str(DATASET), "--workers", "0", "--sample-log", str(samples),
+            "--dataset-size", str(DATASET), "--workers", "0",
+            "--sample-log", str(tmp_path / "samples"),
         ],
-        cwd=REPO,
-        env={**os.environ, **slurm_env, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
+        slurm_env,
     )  # fmt: skip
-    assert submitted.returncode == 0, submitted.stderr
-    job_id = submitted.stdout.strip()
-    sia_id = re.search(r"sia job (\S+)", submitted.stderr)[1]  # type: ignore[index]
-    spec = read_document(JobSpec, paths.spec(sia_id))
+    job_id, sia_id, job_out = job.job_id, job.sia_id, job.job_out
     # 2 GPUs x 4 samples x 2 micro-batches: accumulation on both ranks
     write(
         paths.assignment(sia_id),
@@ -70,17 +63,13 @@ def test_the_lightning_example_trains_to_completion_on_two_gpus(
     record = read_document(RunExit, exit_path)
     assert (record.cause, record.status) == ("completed", 0), job_out.read_text()[-3000:]
 
-    rows = [
-        {**json.loads(line), "rank": int(path.stem.split("-r")[1])}
-        for path in sorted(samples.glob("samples-r*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
+    rows = read_rows(job.samples)
     assert {row["rank"] for row in rows} == {0, 1}
     assert {(row["replicas"], row["local_bsz"], row["accum_steps"]) for row in rows} == {(2, 4, 1)}
     for epoch in range(2):
         counts = Counter(i for row in rows if row["epoch"] == epoch for i in row["indices"])
         assert sorted(counts) == list(range(DATASET)) and max(counts.values()) == 1
-    assert CheckpointManager(spec.checkpoint_dir).steps()[0] == 2 * DATASET // 16
+    assert CheckpointManager(job.spec.checkpoint_dir).steps()[0] == 2 * DATASET // 16
 
 
 @pytest.mark.slurm
@@ -108,35 +97,9 @@ def test_the_lightning_example_moves_1_2_4_gpus_across_types(
         ],
         slurm_env,
     )  # fmt: skip
-    job.start("t4", 1, 16)
-    job.wait_for_steps(0, 6, "t4", 180)
-    plan = [(2, "a100", 1, 2, 32), (3, "rtx", 2, 4, 48)]
-    for run, (round_index, gpu_type, nodes, gpus, batch) in enumerate(plan, start=1):
-        job.stop(round_index, run - 1)
-        job.move(round_index, run, gpu_type, nodes, gpus, batch)
-        job.wait_for_steps(run, 6, gpu_type, 240)
-    job.stop(4, 2)
-    job.runner.run(["scancel", job.job_id])
-    for run in range(3):
-        path = paths.job_dir(job.sia_id) / exit_name(job.job_id, run)
-        wait_for(f"exit record of run {run}", path.exists, 60, job.job_out)
-        record = read_document(RunExit, path)
-        assert (record.cause, record.status) == ("stopped", 75), record
-
+    check_runs_continue(move_through_the_plan(job, 6))
     rows = read_rows(job.samples)
-    runs = [sorted(steps_of(rows, run)) for run in range(3)]
-    assert runs[0][0] == 0
-    for before, after in itertools.pairwise(runs):
-        assert after == list(range(before[-1] + 1, before[-1] + 1 + len(after)))  # continuous
-    shapes = {0: ("t4", 1, 16, 0), 1: ("a100", 2, 16, 0), 2: ("rtx", 4, 6, 1)}
     for row in rows:
         shape = (row["gpu_type"], row["replicas"], row["local_bsz"], row["accum_steps"])
-        assert shape == shapes[row["restarts"]], row
-    epochs: dict[int, Counter[int]] = defaultdict(Counter)
-    for row in rows:
-        epochs[row["epoch"]].update(row["indices"])
-    last = max(epochs)
-    for epoch, counts in epochs.items():
-        assert max(counts.values()) == 1, f"epoch {epoch} repeated samples"
-        if epoch < last:
-            assert sorted(counts) == list(range(DATASET)), f"epoch {epoch} skipped samples"
+        assert shape == SHAPES[row["restarts"]], row
+    check_epochs(rows, DATASET)
