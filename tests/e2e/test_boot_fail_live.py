@@ -23,15 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster import DevCluster, DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm.devcluster import DevCluster, DevClusterSpec  # noqa: E402
 from sia_slurm.devcluster.render import PowerSavingConfig  # noqa: E402
-from sia_slurm.protocol import StatePaths  # noqa: E402
-from sia_slurm.state.tree import set_up  # noqa: E402
 from tests.accounts import SharedTmp, TestAccounts  # noqa: E402
-from tests.e2e.test_controller_live import Site  # noqa: E402
-from tests.e2e.test_slurm_faults_live import ROUND_SECONDS, ControllerLoop, Faults  # noqa: E402
+from tests.e2e.test_slurm_faults_live import ControllerLoop, Faults, controller_site  # noqa: E402
 from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_SLURM  # noqa: E402
-from tests.slurm.conftest import LiveSubmitter  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 
@@ -63,21 +59,7 @@ def boot_faults(
     power_cluster: DevCluster, test_accounts: TestAccounts, shared_tmp_path: Path
 ) -> Iterator[Faults]:
     """A controller site on the power-saving cluster, its loop not started yet."""
-    paths = StatePaths(shared_tmp_path / "state")
-    service = test_accounts.service
-    set_up(paths.state_dir, service.uid, service.gid)
-    config_path = shared_tmp_path / "sia.yaml"
-    config_path.write_text(
-        controller_config(
-            SPEC,
-            paths.state_dir,
-            round_seconds=ROUND_SECONDS,
-            policy_params={"lambda_a": 0.01},
-            checkpoint_timeout_s=30,
-        )
-    )
-    submitter = LiveSubmitter(power_cluster, paths, power_cluster.runner())
-    site = Site(power_cluster, shared_tmp_path, submitter, config_path, paths.state_dir / "c.jsonl")
+    site = controller_site(power_cluster, SPEC, test_accounts, shared_tmp_path)
     loop = ControllerLoop(site)
     try:
         yield Faults(site, loop)

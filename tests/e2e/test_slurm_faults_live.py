@@ -346,6 +346,28 @@ def history_problems(events: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def controller_site(
+    cluster: DevCluster, spec: DevClusterSpec, test_accounts: TestAccounts, directory: Path
+) -> Site:
+    """The faults tests' controller site on ``cluster``: its state tree made for the service
+    account, rounds of ROUND_SECONDS, a 30 s checkpoint timeout."""
+    paths = StatePaths(directory / "state")
+    service = test_accounts.service
+    set_up(paths.state_dir, service.uid, service.gid)
+    config_path = directory / "sia.yaml"
+    config_path.write_text(
+        controller_config(
+            spec,
+            paths.state_dir,
+            round_seconds=ROUND_SECONDS,
+            policy_params={"lambda_a": 0.01},
+            checkpoint_timeout_s=30,
+        )
+    )
+    submitter = LiveSubmitter(cluster, paths, cluster.runner())
+    return Site(cluster, directory, submitter, config_path, paths.state_dir / "c.jsonl")
+
+
 @pytest.fixture
 def faults(
     dev_cluster: DevCluster,
@@ -355,21 +377,9 @@ def faults(
 ) -> Iterator[Faults]:
     """A controller site with its loop running; afterwards every daemon a fault killed is
     started again and every node resumed, so the session's cluster is whole for what follows."""
-    paths = StatePaths(shared_tmp_path / "state")
-    service = test_accounts.service
-    set_up(paths.state_dir, service.uid, service.gid)
-    config_path = shared_tmp_path / "sia.yaml"
-    config_path.write_text(
-        controller_config(
-            DevClusterSpec.parse(DEFAULT_SPEC),
-            paths.state_dir,
-            round_seconds=ROUND_SECONDS,
-            policy_params={"lambda_a": 0.01},
-            checkpoint_timeout_s=30,
-        )
+    site = controller_site(
+        dev_cluster, DevClusterSpec.parse(DEFAULT_SPEC), test_accounts, shared_tmp_path
     )
-    submitter = LiveSubmitter(dev_cluster, paths, dev_cluster.runner())
-    site = Site(dev_cluster, shared_tmp_path, submitter, config_path, paths.state_dir / "c.jsonl")
     loop = ControllerLoop(site)
     try:
         yield Faults(site, loop)
