@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,16 +15,10 @@ import torch
 from torch.nn import functional as F
 
 from tests.launcher.ddp_worker import dataset
+from tests.launcher.gloo import REPO, run_two_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("ddp_worker.py")
 EXAMPLES = REPO / "launcher" / "examples"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_pair(
@@ -36,23 +27,8 @@ def run_pair(
     # 2 replicas x 2 micro-batches x 4 samples: c = 4 gradient samples of b = 4; M0 = 8
     batch = batch or {"batch_size": 16, "local_bsz": 4, "accum_steps": 1}
     env = make_env(gpus=2, init_batch_size=8, **batch)
-    base = {
-        **os.environ,
-        **env.to_env(),
-        "PYTHONPATH": str(REPO),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": "1",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(tmp_path), mode, str(size), str(steps)],
-            env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-        )
-        for rank in range(2)
-    ]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    command = [sys.executable, str(WORKER), str(tmp_path), mode, str(size), str(steps)]
+    assert run_two_ranks(command, env, 180) == [0, 0]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -34,7 +33,7 @@ from sia_slurm.protocol import (
     read_json,
     write_document,
 )
-from tests.launcher.test_elastic_ddp import REPO, free_port
+from tests.launcher.gloo import run_two_ranks
 
 SIZE = 40
 
@@ -168,24 +167,11 @@ def test_the_lightning_example_trains_two_gloo_replicas(tmp_path: Path, make_env
     ranks train disjoint halves of every epoch with accumulation, DDP's communication hook
     gives the controller noise statistics, and the job completes with its checkpoint."""
     env = make_env(gpus=2, batch_size=16, local_bsz=4, accum_steps=1, init_batch_size=8)
-    base = {
-        **os.environ,
-        **env.to_env(),
-        "PYTHONPATH": str(REPO),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": "1",
-    }
     command = [
         sys.executable, "-m", "launcher.examples.lightning_elastic", "--epochs", "2",
         "--dataset-size", "48", "--workers", "0", "--sample-log", str(tmp_path / "log"),
     ]  # fmt: skip
-    procs = [
-        subprocess.Popen(command, cwd=REPO, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(2)
-    ]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    assert run_two_ranks(command, env, 180) == [0, 0]
     rows = [
         (rank, json.loads(line))
         for rank in range(2)

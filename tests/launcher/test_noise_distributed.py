@@ -4,9 +4,6 @@ from the per-micro-batch gradients of the same samples (reference section 2)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,36 +12,15 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.launcher.gloo import run_two_ranks
+
 WORKER = Path(__file__).with_name("noise_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_two_replicas_with_accumulation_match_the_direct_estimate(tmp_path: Path, make_env) -> None:  # type: ignore[no-untyped-def]
     # 2 replicas x 2 micro-batches x 4 samples: c = 4 gradient samples of b = 4; M0 = 8
     env = make_env(gpus=2, batch_size=16, local_bsz=4, accum_steps=1, init_batch_size=8)
-    base = {
-        **os.environ,
-        **env.to_env(),
-        "PYTHONPATH": str(REPO),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": "1",
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(tmp_path)],
-            env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-        )
-        for rank in range(2)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert run_two_ranks([sys.executable, str(WORKER), str(tmp_path)], env, 120) == [0, 0]
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["replicas"] for r in records] == [2, 2]
     assert records[0]["weight_after"] == records[1]["weight_after"]  # one all-reduced update
