@@ -11,15 +11,15 @@ Run: ``python benchmarks/fair_shares.py [--seed 1] [--small-jobs 10] [--hours 4]
 Three runs: ``sia shares`` (shares 1:1 with the usage factor, the default), ``sia static``
 (static weights only: ``usage_factor_limit: 1``) and ``sia blind``.
 
-*Entitled* (owed) GPUs, per round: what the account's jobs take alone on its half of the
-cluster (the half as its own: every GPU type's usable GPUs halved, whole nodes first; the same
-policy solved on the round's input with only that account's jobs,
-:func:`sia_slurm.policy.entitlement.share_cluster`), or more where the other account's jobs
-would leave more unused even with the whole cluster to themselves (its *solo* allocation),
-never more than its own solo. GPUs that both would take beyond that are owed to no one: the
-policy puts them where goodput gains most, so an account may hold more than it is owed, and
-only a shortfall is unfair. *Both have demand* are the rounds where both accounts have live
-jobs whose solo allocations are not empty.
+*Entitled* (owed) GPUs, per round: what the controller's usage factor measures too
+(:func:`sia_slurm.policy.entitlement.entitlements`, the same policy solved on the round's input
+with only that account's jobs): the larger of what they take alone on the account's half of the
+cluster (every GPU type's usable GPUs halved, whole nodes first) and what they take alone on
+what the other account's *solo* allocation (its jobs alone on the whole cluster) leaves, type
+by type. GPUs that both would take beyond that are owed to no one: the policy puts them where
+goodput gains most, so an account may hold more than it is owed, and only a shortfall is
+unfair. *Both have demand* are the rounds where both accounts have live jobs whose solo
+allocations are not empty.
 
 The column ``by count`` is the small account against the earlier yardstick: the capacity split
 1:1 by GPU count, water-filled by the whole-cluster solo allocations. It counts as demand the
@@ -45,7 +45,7 @@ from pathlib import Path
 import sia_slurm.controller.round as controller_round
 import sia_slurm.policy.sia as sia_policy
 from sia_slurm.policy.base import Allocation, PolicyInput
-from sia_slurm.policy.entitlement import share_cluster
+from sia_slurm.policy.entitlement import Entitlement, entitlements, owed_gpus
 from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.sim.inputs import load_inputs
 from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
@@ -84,12 +84,10 @@ def workload(seed: int, small_jobs: int, hours: float) -> Workload:
 
 @dataclass
 class RoundShares:
-    """Per account, this round: GPUs allocated, GPUs of its solo allocation on the whole
-    cluster and on its share of the cluster."""
+    """Per account, this round: GPUs allocated, and what its jobs take alone."""
 
     held: dict[str, int]
-    solo: dict[str, int]
-    alone: dict[str, int]
+    entitled: dict[str, Entitlement]
 
 
 def account_of(job_id: str) -> str:
@@ -97,10 +95,23 @@ def account_of(job_id: str) -> str:
 
 
 def instrument(log: list[RoundShares]) -> None:
-    """Record each round's allocation per account and each account's solo allocation."""
+    """Record each round's allocation per account and what each account is entitled to."""
     solve = sia_policy.SiaPolicy.solve
-    owed_gpus = controller_round.owed_gpus
-    inside = []  # non-empty while the controller computes what each account is owed
+    inside = []  # non-empty while an account's entitlement is solved for
+
+    def recording(self: sia_policy.SiaPolicy, policy_input: PolicyInput) -> Allocation:
+        allocation = solve(self, policy_input)
+        if inside:
+            return allocation
+        inside.append(True)
+        try:
+            owners = {j.job_id: account_of(j.job_id) for j in policy_input.jobs}
+            parts = {a: 1 / len(ACCOUNTS) for a in ACCOUNTS if a in owners.values()}
+            entitled = entitlements(self, policy_input, owners, parts)
+        finally:
+            inside.pop()
+        log.append(RoundShares(gpus_by_account(allocation.jobs), entitled))
+        return allocation
 
     def owing(*args: object, **kwargs: object) -> dict[str, int]:
         inside.append(True)
@@ -109,28 +120,8 @@ def instrument(log: list[RoundShares]) -> None:
         finally:
             inside.pop()
 
-    def recording(self: sia_policy.SiaPolicy, policy_input: PolicyInput) -> Allocation:
-        allocation = solve(self, policy_input)
-        if inside:
-            return allocation
-        held = gpus_by_account(allocation.jobs)
-        solo, alone = {}, {}
-        part = share_cluster(policy_input.cluster, 1 / len(ACCOUNTS))
-        for account in ACCOUNTS:
-            jobs = tuple(j for j in policy_input.jobs if account_of(j.job_id) == account)
-            if jobs:
-                own = replace(policy_input, jobs=jobs, weights={}, limits=())
-                solo[account] = gpus(solve(self, own))
-                alone[account] = gpus(solve(self, replace(own, cluster=part)))
-        log.append(RoundShares(held, solo, alone))
-        return allocation
-
     sia_policy.SiaPolicy.solve = recording  # type: ignore[method-assign]
     controller_round.owed_gpus = owing  # type: ignore[assignment]
-
-
-def gpus(allocation: Allocation) -> int:
-    return sum(share.config.gpus for share in allocation.jobs.values())
 
 
 def gpus_by_account(jobs: Mapping[str, object]) -> dict[str, int]:
@@ -138,20 +129,6 @@ def gpus_by_account(jobs: Mapping[str, object]) -> dict[str, int]:
     for job_id, share in jobs.items():
         held[account_of(job_id)] += share.config.gpus  # type: ignore[attr-defined]
     return held
-
-
-def entitled(capacity: int, solo: Mapping[str, int], alone: Mapping[str, int]) -> dict[str, float]:
-    """What each account is owed this round, with shares 1:1: what its jobs take alone on its
-    half of the cluster (``alone``: the half as its own), or more where the other account's
-    jobs would leave more unused even with the whole cluster to themselves (``solo``), never
-    more than its own ``solo``. GPUs both would take beyond that go where the policy finds
-    them most useful: no account is owed them."""
-    owed = {}
-    for account in ACCOUNTS:
-        others = sum(solo.get(a, 0) for a in ACCOUNTS if a != account)
-        unused = min(solo.get(account, 0), capacity - others)
-        owed[account] = float(max(alone.get(account, 0), unused))
-    return owed
 
 
 def entitled_by_count(capacity: int, solo: Mapping[str, int]) -> dict[str, float]:
@@ -186,14 +163,14 @@ def split(log: list[RoundShares], capacity: int) -> Split:
     by_count = dict.fromkeys(ACCOUNTS, 0.0)
     rounds = 0
     for entry in log:
-        if not all(entry.solo.get(a, 0) > 0 for a in ACCOUNTS):
+        solo = {a: e.solo for a, e in entry.entitled.items()}
+        if not all(solo.get(a, 0) > 0 for a in ACCOUNTS):
             continue
         rounds += 1
-        fair = entitled(capacity, entry.solo, entry.alone)
-        count = entitled_by_count(capacity, entry.solo)
+        count = entitled_by_count(capacity, solo)
         for account in ACCOUNTS:
             held[account] += entry.held[account]
-            owed[account] += fair[account]
+            owed[account] += entry.entitled[account].owed
             by_count[account] += count[account]
     return Split(rounds, held, owed, by_count)
 

@@ -68,12 +68,21 @@ def test_config_shares_weigh_accounts(jobs: tuple[JobSnapshot, ...]) -> None:
     policy = Recording()
     shares = SharesConfig(accounts={"bio": 3, "phys": 1})
     controller(policy, shares).round(ClusterSnapshot(0.0, NODES, jobs))
-    *alone, seen = policy.inputs
+    *owed, seen = policy.inputs
     assert seen.weights["b1"] == pytest.approx(seen.weights["p1"])  # 3/4 over 3 jobs vs 1/4
-    # What each account is owed: its jobs alone on its part of the cluster (bio 3/4 of the 8
-    # A100s: one whole node and half the other; phys 1/4), before the round's own solve.
-    assert [sorted(j.job_id for j in i.jobs) for i in alone] == [["b1", "b2", "b3"], ["p1"]]
-    assert [i.cluster.total_capacity for i in alone] == [6, 2]
+    # What each account is owed, before the round's own solve: its jobs alone on the whole
+    # cluster (solo), on its part (bio 3/4 of the 8 A100s: one whole node and half the other;
+    # phys 1/4) and on what the other's solo leaves (new jobs start on one GPU each: phys's
+    # solo takes 1 of the 8, bio's 3).
+    assert [sorted(j.job_id for j in i.jobs) for i in owed] == [
+        ["b1", "b2", "b3"],
+        ["p1"],
+        ["b1", "b2", "b3"],
+        ["b1", "b2", "b3"],
+        ["p1"],
+        ["p1"],
+    ]
+    assert [i.cluster.total_capacity for i in owed] == [8, 8, 6, 7, 2, 5]
     assert seen.cluster.total_capacity == 8 and len(seen.jobs) == 4
 
 

@@ -11,7 +11,7 @@ from sia_slurm.policy.base import (
     NodeView,
     PolicyInput,
 )
-from sia_slurm.policy.entitlement import owed_gpus, share_cluster
+from sia_slurm.policy.entitlement import Entitlement, entitlements, owed_gpus, share_cluster
 
 CLUSTER = ClusterView(
     (
@@ -54,7 +54,56 @@ def test_owed_gpus_solves_each_account_alone_on_its_part() -> None:
     account_of = {"a1": "a", "a2": "a", "b1": "b"}
     given = PolicyInput(CLUSTER, jobs, weights={"a1": 2.0, "a2": 2.0, "b1": 0.5})
     owed = owed_gpus(policy, given, account_of, {"a": 0.75, "b": 0.25, "idle": 0.0})
-    assert owed == {"a": 5, "b": 2, "idle": 0}  # round(7 * 0.75), round(7 * 0.25)
-    seen_a, seen_b = policy.inputs
-    assert [j.job_id for j in seen_a.jobs] == ["a1", "a2"] and seen_a.weights == {}
-    assert [j.job_id for j in seen_b.jobs] == ["b1"]
+    # round(7 * 0.75), round(7 * 0.25): each solo allocation takes all 7 t4 GPUs, so what the
+    # other leaves (24 rtx GPUs, which Greedy does not use) adds nothing.
+    assert owed == {"a": 5, "b": 2, "idle": 0}
+    solo_a, solo_b, alone_a, leftover_a, alone_b, leftover_b = policy.inputs
+    assert [j.job_id for j in solo_a.jobs] == ["a1", "a2"] and solo_a.weights == {}
+    assert [j.job_id for j in solo_b.jobs] == ["b1"] and solo_b.cluster == CLUSTER
+    assert alone_a.cluster.types["t4"].capacity == 5 and alone_b.cluster.types["t4"].capacity == 2
+    assert leftover_a.cluster.types["t4"].capacity == 0  # b's solo takes all of them
+    assert leftover_b.cluster.types["t4"].capacity == 0  # and a's
+    assert leftover_a.cluster.types["rtx"].capacity == 24
+
+
+class Wants:
+    """Each job takes up to what it wants of one GPU type, in job order."""
+
+    def __init__(self, wants: dict[str, tuple[str, int]]) -> None:
+        self.wants = wants
+
+    def solve(self, policy_input: PolicyInput) -> Allocation:
+        left = {name: view.capacity for name, view in policy_input.cluster.types.items()}
+        jobs = {}
+        for job in policy_input.jobs:
+            gpu_type, want = self.wants[job.job_id]
+            if take := min(want, left[gpu_type]):
+                left[gpu_type] -= take
+                jobs[job.job_id] = JobAllocation(Configuration(gpu_type, 1, take), 8, 8, 1, 1.0)
+        return Allocation(jobs=jobs, time=0.0, round_index=0)
+
+
+def entitled(wants: dict[str, tuple[str, int]]) -> dict[str, Entitlement]:
+    jobs = tuple(JobView(name, JobKind.ADAPTIVE, None) for name in wants)  # type: ignore[arg-type]
+    account_of = {name: name[0] for name in wants}
+    return entitlements(Wants(wants), PolicyInput(CLUSTER, jobs), account_of, {"a": 0.5, "b": 0.5})
+
+
+def test_an_account_is_owed_what_the_others_leave_unused() -> None:
+    # b's job wants only t4 GPUs, so a's job may have every rtx GPU, beyond its half (12).
+    got = entitled({"a1": ("rtx", 20), "b1": ("t4", 4)})
+    assert got["a"] == Entitlement(alone=12, solo=20, leftover=20) and got["a"].owed == 20
+    assert got["b"] == Entitlement(alone=4, solo=4, leftover=4) and got["b"].owed == 4
+
+
+def test_what_another_account_would_take_is_not_owed_beyond_the_part() -> None:
+    # Both want 20 of the 24 rtx GPUs: each is owed its half, not what the other leaves (4).
+    got = entitled({"a1": ("rtx", 20), "b1": ("rtx", 20)})
+    assert got["a"] == Entitlement(alone=12, solo=20, leftover=4) and got["a"].owed == 12
+    assert got["b"].owed == 12
+
+
+def test_what_is_left_is_counted_type_by_type() -> None:
+    # b takes all 7 t4 GPUs alone; what it leaves (rtx) is of no use to a's t4 job.
+    got = entitled({"a1": ("t4", 7), "b1": ("t4", 7)})
+    assert got["a"] == Entitlement(alone=4, solo=7, leftover=0)
