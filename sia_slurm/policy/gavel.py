@@ -2,7 +2,8 @@
 
 Jobs run at their requested GPU count and batch size. A linear program over ``X[job, type]``
 (the fraction of time each job should spend on each type; :mod:`.gavel_lp`) expresses the
-objective, and a round-based mechanism realises it. Every ``round_duration`` seconds:
+objective (hierarchical max-min fairness water-fills: a sequence of them, :mod:`.gavel_fill`),
+and a round-based mechanism realises it. Every ``round_duration`` seconds:
 
 1. **Priority.** Each (job, type) pair gets ``X / fraction``, where ``fraction`` is the job's
    credited time on the type over the time credited to every job on that type so far (the
@@ -225,7 +226,9 @@ class GavelPolicy:
         gpus = np.array([job.requested_gpus for job in policy_input.jobs], dtype=float)
         capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
         weights = np.array([policy_input.weight(job.job_id) for job in policy_input.jobs])
-        targets = solve_lp(throughput, gpus, capacity, self.config.objective, weights)
+        targets = solve_lp(
+            throughput, gpus, capacity, self.config.objective, weights, self.config.water_filling
+        )
         pairs = ranked_pairs(policy_input, shapes, targets, received, type_time)
         if self.config.workers == "any":
             requests = schedule(policy_input, pairs)

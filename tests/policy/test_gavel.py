@@ -117,6 +117,7 @@ def test_requested_shapes_give_optimizer_steps_per_second():
 
 def test_config_default_is_the_artifacts_objective_and_others_stay_named():
     assert GavelPolicyConfig().objective == "max_sum_throughput"
+    assert GavelPolicyConfig().water_filling  # max_min_fairness water-fills unless told not to
     for name in ("max_min_fairness", "max_total_throughput"):
         assert GavelPolicyConfig(objective=name).objective == name
     with pytest.raises(ValueError, match="max_sum_throughput"):

@@ -1,0 +1,138 @@
+"""Gavel's hierarchical max-min fairness by water-filling (policy/gavel_fill.py).
+
+Each case is one where the first LP alone (``water_filling=False``) leaves capacity out of
+``X``: its optimum fixes only the lowest weighted level, so it fails the assertions about the
+jobs above it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from sia_slurm.policy.gavel_fill import water_fill
+from sia_slurm.policy.gavel_lp import fill_program, normalised, shared_rows, solve_lp
+
+
+def levels(throughput, gpus, capacity, x):
+    """Each job's normalised throughput ``N = sum_type T X / T_ref``."""
+    return (normalised(throughput, gpus, capacity) * x).sum(axis=1)
+
+
+def first_lp_minimum(throughput, gpus, capacity, weights):
+    """The first LP's optimum, the lowest weighted level (unique, whatever vertex it returns)."""
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights, water_filling=False)
+    runnable = (throughput > 0).any(axis=1)
+    return (levels(throughput, gpus, capacity, x) / weights)[runnable].min()
+
+
+def test_capacity_the_bottlenecked_job_cannot_use_goes_to_the_others():
+    """Type A has 1 GPU, B 2. "stuck" runs only on A; "p" and "q" run on A at 1 step/s and on
+    B at 3. stuck's level N = X_A is at most 1 (its whole time on A), which is the first LP's
+    minimum; p and q (T_ref = (1 + 3) / 2, so N = (X_A + 3 X_B) / 2) can each have all of B:
+    N = 1.5. The first LP stops them at its minimum, 1 (X_B = 2/3)."""
+    throughput = np.array([[1.0, 0.0], [1.0, 3.0], [1.0, 3.0]])
+    gpus, capacity, weights = np.ones(3), np.array([1.0, 2.0]), np.ones(3)
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness")
+    level = levels(throughput, gpus, capacity, x)
+    assert level[0] == pytest.approx(first_lp_minimum(throughput, gpus, capacity, weights))
+    assert level[0] == pytest.approx(1.0, abs=1e-5)
+    assert x[1:, 1] == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert level[1:] == pytest.approx([1.5, 1.5], abs=1e-5)
+
+
+def test_weights_split_the_level_of_jobs_bottlenecked_together():
+    """Types A and B with 1 GPU each. "stuck" (weight 4) runs alone on A and is the first LP's
+    bottleneck (weighted level N / 4 = 1.5 / 4 with all of A; T_ref is 2/3 of a GPU: 2 GPUs for
+    3 jobs). "heavy" (weight 2) and "light" (weight 1) share B and are bottlenecked together in
+    the second round: equal weighted levels give heavy twice light's N, and all of B is used
+    (the first LP leaves them at 4 x its minimum / 4 of B)."""
+    throughput = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    gpus, capacity, weights = np.ones(3), np.array([1.0, 1.0]), np.array([4.0, 2.0, 1.0])
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights)
+    level = levels(throughput, gpus, capacity, x)
+    assert level[0] / 4 == pytest.approx(first_lp_minimum(throughput, gpus, capacity, weights))
+    assert x[1:, 1].sum() == pytest.approx(1.0, abs=1e-5)
+    assert level[1] == pytest.approx(2 * level[2], rel=1e-4)
+    assert x[1:, 1] == pytest.approx([2 / 3, 1 / 3], abs=1e-5)
+
+
+def random_instance(seed: int, n_jobs: int):
+    """Jobs of 1-8 GPUs on hetero64's types (24, 24, 16 GPUs), a tenth of the (job, type)
+    pairs impossible, throughputs spread over types and jobs, weights 0.5 to 4."""
+    rng = np.random.default_rng(seed)
+    capacity = np.array([24.0, 24.0, 16.0])
+    gpus = rng.choice([1.0, 2.0, 4.0, 8.0], size=n_jobs, p=[0.4, 0.3, 0.2, 0.1])
+    throughput = np.array([1.0, 2.0, 4.0]) * rng.lognormal(0.0, 0.5, size=(n_jobs, 3))
+    throughput[rng.random((n_jobs, 3)) < 0.1] = 0.0
+    weights = rng.choice([0.5, 1.0, 2.0, 4.0], size=n_jobs)
+    return throughput, gpus, capacity, weights
+
+
+def can_rise(throughput, gpus, capacity, weights, level, m, tolerance=1e-6):
+    """Whether job ``m``'s N can exceed ``level[m]`` by 0.1% while every job at or below its
+    weighted level keeps its own and none above falls below it: then the sorted weighted
+    levels would improve, so ``level`` was not max-min fair (leximin). An LP of its own."""
+    n_jobs, n_types = throughput.shape
+    a_ub, b_ub, bounds = shared_rows(throughput, gpus, capacity)
+    rows = np.zeros((n_jobs, n_jobs * n_types))
+    for j in range(n_jobs):
+        rows[j, j * n_types : (j + 1) * n_types] = normalised(throughput, gpus, capacity)[j]
+    weighted = level / weights
+    others = [j for j in range(n_jobs) if j != m and level[j] > 0]
+    keep = np.minimum(weighted[others], weighted[m]) * weights[others]
+    result = linprog(
+        -rows[m],
+        A_ub=np.vstack([a_ub.toarray(), -rows[others]]),
+        b_ub=np.r_[b_ub, -keep * (1 - tolerance)],
+        bounds=bounds,
+        method="highs",
+    )
+    # The solver holds frozen levels to 1e-6 (relative), and a 1-GPU job can take what that
+    # frees from many 8-GPU jobs: allow it 1e-3 (absolute) beyond 0.1%.
+    return -result.fun > level[m] * (1 + 1e-3) + 1e-3
+
+
+def test_water_filled_shares_are_max_min_fair_and_feasible():
+    """20 jobs on 3 types: X keeps every constraint, the lowest weighted level is the first
+    LP's, and no job's level can rise by 0.1% without lowering one at or below its weighted
+    level or pushing one above below it (the first LP's X fails this for most jobs)."""
+    throughput, gpus, capacity, weights = random_instance(7, 20)
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights)
+    assert np.all(x >= 0) and np.all(x[throughput == 0] == 0)
+    assert np.all(x.sum(axis=1) <= 1 + 1e-5)
+    assert np.all((x * gpus[:, None]).sum(axis=0) <= capacity + 1e-4)
+    level = levels(throughput, gpus, capacity, x)
+    runnable = (throughput > 0).any(axis=1)
+    assert (level / weights)[runnable].min() == pytest.approx(
+        first_lp_minimum(throughput, gpus, capacity, weights), rel=1e-4
+    )
+    # The solver's own levels: X rounded to 5 decimals may leave a GPU's 1e-5 to take
+    filled = water_fill(fill_program(throughput, gpus, capacity), weights, runnable)
+    assert filled is not None
+    assert filled.levels == pytest.approx(level, rel=1e-3)
+    risers = [
+        m for m in range(20) if can_rise(throughput, gpus, capacity, weights, filled.levels, m)
+    ]
+    assert risers == []
+
+
+def test_rounds_end_with_every_job_frozen():
+    """Jobs 0 and 1 alone on a type each (weights 4 and 1), jobs 2 and 3 (weight 1) sharing a
+    third: weighted levels N/4, N/2 and N take three rounds, each freezing one level; jobs
+    that all share one type are all bottlenecked at once: one round."""
+    throughput = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    gpus, capacity = np.ones(4), np.array([1.0, 1.0, 1.0])
+    program = fill_program(throughput, gpus, capacity)
+    filled = water_fill(program, np.array([4.0, 1.0, 1.0, 1.0]), np.ones(4, dtype=bool))
+    assert filled is not None
+    assert filled.rounds == 3
+    assert filled.levels / filled.levels[0] == pytest.approx([1.0, 1.0, 0.5, 0.5], abs=1e-5)
+
+    shared = np.ones((5, 1))
+    program = fill_program(shared, np.ones(5), np.array([2.0]))
+    filled = water_fill(program, np.ones(5), np.ones(5, dtype=bool))
+    assert filled is not None
+    assert filled.rounds == 1
+    assert filled.x == pytest.approx([0.4] * 5, abs=1e-5)
