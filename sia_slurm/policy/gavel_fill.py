@@ -43,16 +43,27 @@ from scipy.optimize import linprog
 
 logger = logging.getLogger(__name__)
 
-SLACK = 1e-6
-"""How far below its guaranteed level (relative to ``1 + level``) a job may fall in a later LP:
-ten times HiGHS's feasibility tolerance (1e-7), so a level the last LP reached stays feasible."""
+MARGIN = 1e-9
+"""Each round's rise of the common level is taken this much (relative to ``1 + delta``) below
+the LP's optimum, so the ``X`` it found keeps every level with room to spare and the next LPs
+can hold levels exactly. Why not a slack on the rows instead: the bottleneck LP pools every
+job's slack into the one candidate that can take it (a 1-GPU job takes what a hundred 8-GPU
+jobs each give up), and with a slack of 1e-6 every job of a 120-job cluster "rose" by 0.1%."""
+
+SLACK = 1e-7
+"""Only when an LP with exact levels fails (round-off): the levels it is retried with, lowered
+by this much (relative to ``1 + level``; HiGHS's feasibility tolerance)."""
 
 RISE = 1e-5
 """A job has shown it can rise when the bottleneck LP raises it by this much (relative to
-``1 + level``): ten times :data:`SLACK`, which is all a bottlenecked job can show. The LP
-maximises the *sum* of rises and may spread it thinly, so the test is per job against this
-noise floor, not against a meaningful rise: the search stops when no candidate rises by it,
-so a frozen job could have risen by at most ``RISE`` times the number of candidates."""
+``1 + level``), well above what :data:`MARGIN` pooled over every job gives. The LP maximises
+the *sum* of rises and may spread it thinly, so the test is per job against this floor: the
+search stops when no candidate rises by it, so a frozen job could have risen by at most
+``RISE`` times the number of candidates."""
+
+DUAL = 1e-6
+"""A max-min row's dual (times the job's weight; they sum to 1) above this proves the job
+bottlenecked; below it the bottleneck LP decides."""
 
 CAP = 1e-2
 """The most each candidate may rise in the bottleneck LP (relative to ``1 + level``)."""
@@ -96,13 +107,13 @@ def water_fill(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) 
     rounds = solves = 0
     while active.any() and rounds < n_jobs:
         rounds += 1
-        solved = _raise_minimum(program, weights, base, active, runnable)
+        raised = _raise_minimum(program, weights, base, active, runnable)
         solves += 1
-        if solved is None:
+        if raised is None:
             break
-        x, delta = solved
-        base = np.where(active, base + weights * delta, base)
-        bottlenecked, used = _bottlenecked(program, base, active, runnable, x)
+        x = raised.x
+        base = np.where(active, base + weights * raised.delta, base)
+        bottlenecked, used = _bottlenecked(program, base, active, runnable, raised)
         solves += used
         if bottlenecked is None:
             break
@@ -123,12 +134,18 @@ def water_fill(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) 
 
 def first_lp(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) -> np.ndarray | None:
     """Gavel's first LP alone (the weighted max-min, no freezing): ``X``, or ``None``."""
-    solved = _raise_minimum(program, weights, np.zeros(len(weights)), runnable, runnable)
-    return None if solved is None else solved[0]
+    raised = _raise_minimum(program, weights, np.zeros(len(weights)), runnable, runnable)
+    return None if raised is None else raised.x
 
 
-def _loosened(base: np.ndarray) -> np.ndarray:
-    return base - SLACK * (1.0 + base)
+@dataclass(frozen=True)
+class _Raised:
+    """One max-min LP: ``X``, the rise ``delta`` of the common weighted level, and the jobs
+    its dual proves bottlenecked."""
+
+    x: np.ndarray
+    delta: float
+    proven: np.ndarray
 
 
 def _solve(
@@ -138,25 +155,29 @@ def _solve(
     rows: np.ndarray,
     extra_bounds: list[tuple[float | None, float | None]],
     extra_cost: np.ndarray,
-) -> np.ndarray | None:
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Minimise ``extra_cost . e`` over ``(X, e)`` with ``N_m - extra[m] . e >= lower_m`` for
-    the jobs in ``rows`` and the shared constraints; the solution, or ``None`` (logged)."""
+    the jobs in ``rows`` and the shared constraints: the solution and the duals of those level
+    rows (<= 0), or ``None`` (logged). An infeasible LP (round-off on a level the last LP
+    reached) is retried with :data:`SLACK`."""
     k = extra.shape[1]
     level_rows = sparse.hstack([-program.normalised_rows[rows], extra[rows]])
     base_rows = sparse.hstack([program.a_base, sparse.csr_array((program.a_base.shape[0], k))])
-    a_ub = sparse.vstack([level_rows, base_rows])
-    b_ub = np.r_[-lower[rows], program.b_base]
-    result = linprog(
-        np.r_[np.zeros(program.n_x), extra_cost],
-        A_ub=sparse.csr_array(a_ub),
-        b_ub=b_ub,
-        bounds=[*program.bounds, *extra_bounds],
-        method="highs",
-    )
-    if result.x is None:
-        logger.warning("water-filling LP failed (%s)", result.message)
-        return None
-    return result.x
+    a_ub = sparse.csr_array(sparse.vstack([level_rows, base_rows]))
+    for attempt in (lower, lower - SLACK * (1.0 + np.abs(lower))):
+        result = linprog(
+            np.r_[np.zeros(program.n_x), extra_cost],
+            A_ub=a_ub,
+            b_ub=np.r_[-attempt[rows], program.b_base],
+            bounds=[*program.bounds, *extra_bounds],
+            method="highs",
+        )
+        if result.x is not None:
+            duals = np.zeros(len(lower))
+            duals[rows] = result.ineqlin.marginals[: int(rows.sum())]
+            return result.x, duals
+    logger.warning("water-filling LP failed (%s)", result.message)
+    return None
 
 
 def _raise_minimum(
@@ -165,15 +186,21 @@ def _raise_minimum(
     base: np.ndarray,
     active: np.ndarray,
     runnable: np.ndarray,
-) -> tuple[np.ndarray, float] | None:
+) -> _Raised | None:
     """Step 1: the largest ``delta`` with ``N_m >= base_m + w_m delta`` for the active jobs and
-    ``N_m >= base_m`` for the frozen ones; ``X`` and ``delta`` (``delta`` is free, so the LP is
-    feasible whenever the frozen levels are)."""
+    ``N_m >= base_m`` for the frozen ones (``delta`` is free, so the LP is feasible whenever
+    the frozen levels are). An active job whose row has a nonzero dual is bottlenecked: by
+    complementary slackness its row is tight in *every* optimum, so it cannot rise while the
+    others keep the new level."""
     extra = sparse.csr_array(np.where(active, weights, 0.0)[:, None])
-    solution = _solve(program, extra, _loosened(base), runnable, [(None, None)], np.array([-1.0]))
-    if solution is None:
+    solved = _solve(program, extra, base, runnable, [(None, None)], np.array([-1.0]))
+    if solved is None:
         return None
-    return solution[: program.n_x], max(float(solution[-1]), 0.0)
+    solution, duals = solved
+    delta = float(solution[-1])
+    # the duals of the active rows sum to 1 over w: one at 1e-6 is no round-off
+    proven = active & (duals * weights < -DUAL)
+    return _Raised(solution[: program.n_x], max(delta - MARGIN * (1.0 + abs(delta)), 0.0), proven)
 
 
 def _bottlenecked(
@@ -181,14 +208,14 @@ def _bottlenecked(
     base: np.ndarray,
     active: np.ndarray,
     runnable: np.ndarray,
-    x: np.ndarray,
+    raised: _Raised,
 ) -> tuple[np.ndarray | None, int]:
     """Step 2: the active jobs that cannot rise above ``base`` while every other job keeps its
-    level, and the number of LPs it took. Candidates start as the active jobs the max-min
-    solution ``x`` left at their level (one above it has already shown it can rise)."""
+    level, and the number of LPs it took. The dual's proven jobs are in; the others the
+    max-min ``X`` left at their level are candidates (one above it has shown it can rise)."""
     scale = 1.0 + base
-    candidates = active & (program.normalised_rows @ x <= base + RISE * scale)
-    lower = _loosened(base)
+    at_level = program.normalised_rows @ raised.x <= base + RISE * scale
+    candidates = active & at_level & ~raised.proven
     used = 0
     while candidates.any():
         index = np.flatnonzero(candidates)
@@ -196,12 +223,12 @@ def _bottlenecked(
             (np.ones(len(index)), (index, np.arange(len(index)))), shape=(len(base), len(index))
         )
         caps = [(0.0, CAP * scale[m]) for m in index]
-        solution = _solve(program, extra, lower, runnable, caps, -np.ones(len(index)))
+        solved = _solve(program, extra, base, runnable, caps, -np.ones(len(index)))
         used += 1
-        if solution is None:
+        if solved is None:
             return None, used
-        rises = solution[program.n_x :] > RISE * scale[index]
+        rises = solved[0][program.n_x :] > RISE * scale[index]
         if not rises.any():
             break
         candidates[index[rises]] = False
-    return candidates, used
+    return candidates | raised.proven, used
