@@ -198,6 +198,21 @@ def schedule_even(
     return requests, hints
 
 
+def job_groups(policy_input: PolicyInput) -> list[np.ndarray]:
+    """The hierarchy's labels per depth (account, then user) for the round's jobs; a job the
+    input gives no groups is a group of its own at every depth."""
+    jobs = policy_input.jobs
+    depth = max((len(policy_input.groups.get(job.job_id, ())) for job in jobs), default=0)
+    labels = []
+    for k in range(depth):
+        row = []
+        for job in jobs:
+            path = policy_input.groups.get(job.job_id, ())
+            row.append(f"{k}:{path[k]}" if k < len(path) else f"job:{job.job_id}")
+        labels.append(np.array(row, dtype=object))
+    return labels
+
+
 def previous(job: JobView, gpu_type: str) -> tuple[NodeShare, ...]:
     """The job's current node shares if they are on ``gpu_type``."""
     return job.placement if job.current is not None and job.current.gpu_type == gpu_type else ()
@@ -227,7 +242,13 @@ class GavelPolicy:
         capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
         weights = np.array([policy_input.weight(job.job_id) for job in policy_input.jobs])
         targets = solve_lp(
-            throughput, gpus, capacity, self.config.objective, weights, self.config.water_filling
+            throughput,
+            gpus,
+            capacity,
+            self.config.objective,
+            weights,
+            self.config.water_filling,
+            job_groups(policy_input),
         )
         pairs = ranked_pairs(policy_input, shapes, targets, received, type_time)
         if self.config.workers == "any":

@@ -11,30 +11,38 @@ share). Gavel's hierarchical policy water-fills instead:
 1. solve the max-min LP over the jobs not yet frozen, the frozen ones held at their levels;
 2. find the *bottlenecked* jobs: those whose level cannot rise above the new minimum unless
    another job's falls below its own; freeze them there;
-3. repeat with the others until every job is frozen.
+3. hand each frozen job's weight to the active jobs of its group (its user's, else its
+   account's: Gavel's hierarchical reweighting, :func:`passed_down`), so an account keeps its
+   share of what is left while any of its jobs can use more; repeat with the active jobs
+   until every job is frozen.
 
-The result is the weighted max-min fair (leximin) allocation: no job's weighted level can rise
-without lowering that of a job at or below it. Every round freezes at least one job, so there
-are at most as many rounds as jobs, in practice as many as distinct levels.
+Without groups the result is the weighted max-min fair (leximin) allocation: no job's weighted
+level can rise without lowering one at or below it or pushing one above it below it. Every
+round freezes at least one job, so there are at most as many rounds as jobs, in practice as
+many as distinct levels.
 
 Finding the bottlenecked jobs: Gavel solves a MILP that maximises the number of jobs that can
-rise. Here a plain LP does: over the candidate jobs ``U`` (those at the minimum), maximise
-``sum_u s_u`` with ``N_u >= level_u + s_u``, ``0 <= s_u <= cap``, every other job at its level.
-A job with ``s_u`` clearly above 0 can rise and leaves ``U``; when the LP finds no such job,
-none of ``U`` can rise on its own either (an LP optimum of 0 proves it), so ``U`` is the
-bottlenecked set. The small cap spreads the rise over many jobs (the optimum puts as many at
-the cap as the capacity allows), so one or two such LPs usually settle a round. Convexity makes
-this the MILP's answer: jobs that can each rise alone can all rise together (average the
-solutions).
+rise. Here LPs do. First the max-min LP's own duals: a job whose level row has a nonzero dual
+is tight in every optimum (complementary slackness), so it is bottlenecked, for free. The
+other jobs the max-min ``X`` left at the minimum are candidates ``U``: maximise
+``sum_u s_u`` with ``N_u >= level_u + s_u``, ``0 <= s_u <= cap``, every other job at its
+level. A job with ``s_u`` clearly above 0 can rise and leaves ``U``; when the LP finds no such
+job, none of ``U`` can rise on its own either (an LP optimum of 0 proves it), so ``U`` is
+bottlenecked. The small cap spreads the rise over many jobs, so one or two such LPs settle a
+round, and under contention (every job bottlenecked at once) the duals alone usually do.
+Convexity makes this the MILP's answer: jobs that can each rise alone can all rise together
+(average the solutions).
 
 Levels are kept in normalised throughput (``N_m >= base_m + w_m * delta``), the form of
 Gavel's own implementation: ``base_m`` is what the job was guaranteed so far, ``delta`` the
-round's rise of the common weighted level.
+round's rise of the common weighted level, ``w_m`` the job's weight in that round (which the
+reweighting changes from round to round).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,10 +104,18 @@ class FillProgram:
         return self.normalised_rows.shape[1]
 
 
-def water_fill(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) -> WaterFill | None:
+def water_fill(
+    program: FillProgram,
+    weights: np.ndarray,
+    runnable: np.ndarray,
+    groups: Sequence[np.ndarray] = (),
+) -> WaterFill | None:
     """Water-fill ``program`` with per-job ``weights`` (> 0) over the ``runnable`` jobs.
-    ``None`` when the first LP fails (logged); when a later one does, the last ``X``, which
-    keeps every level frozen so far, so the result is never worse than the first LP's."""
+    ``groups``: the hierarchy above the jobs, outermost first (e.g. each job's account, then
+    its user), whose frozen jobs' weight passes to their group's active jobs
+    (:func:`passed_down`). ``None`` when the first LP fails (logged); when a later one does,
+    the last ``X``, which keeps every level frozen so far, so the result is never worse than
+    the first LP's."""
     n_jobs = len(weights)
     base = np.zeros(n_jobs)  # guaranteed normalised throughput so far
     active = runnable.copy()
@@ -107,12 +123,13 @@ def water_fill(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) 
     rounds = solves = 0
     while active.any() and rounds < n_jobs:
         rounds += 1
-        raised = _raise_minimum(program, weights, base, active, runnable)
+        rates = passed_down(weights, groups, active) if rounds > 1 else weights
+        raised = _raise_minimum(program, rates, base, active, runnable)
         solves += 1
         if raised is None:
             break
         x = raised.x
-        base = np.where(active, base + weights * raised.delta, base)
+        base = np.where(active, base + rates * raised.delta, base)
         bottlenecked, used = _bottlenecked(program, base, active, runnable, raised)
         solves += used
         if bottlenecked is None:
@@ -130,6 +147,41 @@ def water_fill(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) 
     levels = np.where(runnable, program.normalised_rows @ x, 0.0)
     logger.debug("water-filling: %d rounds, %d LPs", rounds, solves)
     return WaterFill(x, levels, rounds, solves)
+
+
+def passed_down(
+    weights: np.ndarray, groups: Sequence[np.ndarray], active: np.ndarray
+) -> np.ndarray:
+    """Each active job's weight for the next rise (0 for the others): Gavel's hierarchical
+    reweighting. ``groups`` are labels per job, outermost first (account, then user). A group
+    keeps its weight, the sum of its jobs', while any of its jobs is active, and shares it
+    among its active members (subgroups, then jobs) in proportion to theirs: a frozen job's
+    part goes to its siblings, a user whose jobs are all frozen leaves its part to the other
+    users of the account. An outermost group with no active job drops out; the others rise at
+    the same ratios as before. With every job active each keeps its own weight."""
+    n_jobs = len(weights)
+    depth = len(groups)
+    # nodes[k][m]: job m's group at depth k (a tuple of k labels); the last level: the job
+    nodes = [
+        [tuple(level[m] for level in groups[:k]) for m in range(n_jobs)] for k in range(depth + 1)
+    ]
+    nodes.append([(*nodes[depth][m], m) for m in range(n_jobs)])
+    weight_of: dict[tuple, float] = {}
+    for level in nodes[1:]:
+        for m, node in enumerate(level):
+            weight_of[node] = weight_of.get(node, 0.0) + float(weights[m])
+    live_children: dict[tuple, set[tuple]] = {}
+    for k in range(1, depth + 2):
+        for m in np.flatnonzero(active):
+            live_children.setdefault(nodes[k - 1][m], set()).add(nodes[k][m])
+    rates = np.zeros(n_jobs)
+    for m in np.flatnonzero(active):
+        rate = weight_of[nodes[1][m]]
+        for k in range(2, depth + 2):
+            live = sum(weight_of[child] for child in live_children[nodes[k - 1][m]])
+            rate *= weight_of[nodes[k][m]] / live
+        rates[m] = rate
+    return rates
 
 
 def first_lp(program: FillProgram, weights: np.ndarray, runnable: np.ndarray) -> np.ndarray | None:

@@ -34,6 +34,7 @@ solver's round-off never gives a job a priority on a type it should not use.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import sparse
@@ -63,11 +64,13 @@ def solve_lp(
     objective: str,
     weights: np.ndarray | None = None,
     water_filling: bool = True,
+    groups: Sequence[np.ndarray] = (),
 ) -> np.ndarray:
     """The optimal ``X[job, type]`` for ``objective`` (zeros where the LP fails, logged).
     ``weights`` (per job, > 0; default all 1) weigh ``max_min_fairness`` only: the other two
     objectives have no hierarchy in Gavel. ``water_filling`` (``max_min_fairness`` only):
-    Gavel's water-filled hierarchy (default) or its first LP alone."""
+    Gavel's water-filled hierarchy (default) or its first LP alone; ``groups`` (labels per
+    job, outermost first) are the hierarchy the water-filling passes frozen jobs' weights in."""
     n_jobs, n_types = throughput.shape
     if n_jobs == 0:
         return np.zeros((0, n_types))
@@ -77,7 +80,7 @@ def solve_lp(
     if objective == "max_min_fairness":
         program = fill_program(throughput, gpus, capacity)
         if water_filling:
-            filled = water_fill(program, weights, runnable)
+            filled = water_fill(program, weights, runnable, groups)
             x = None if filled is None else filled.x
         else:
             x = first_lp(program, weights, runnable)

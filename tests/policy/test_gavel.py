@@ -14,6 +14,7 @@ from sia_slurm.policy.gavel import (
     GavelPolicyConfig,
     GavelState,
     credited,
+    job_groups,
     ranked_pairs,
     requested_shapes,
     solve_lp,
@@ -91,6 +92,17 @@ def test_hierarchical_max_min_fairness_splits_across_accounts_then_within():
     fair = GavelPolicy(GavelPolicyConfig(objective="max_min_fairness"))
     assert "b0" in fair.solve(PolicyInput(cluster, jobs, weights=weights)).jobs
     assert "b0" not in fair.solve(PolicyInput(cluster, jobs)).jobs  # ties: input order
+
+
+def test_job_groups_are_the_inputs_hierarchy_and_jobs_without_one_stand_alone():
+    cluster = make_cluster([("A", 1, 2)])
+    jobs = tuple(rigid(j, 1, {"A": 1}) for j in ("a0", "a1", "b0", "x"))
+    groups = {"a0": ("A", "ann"), "a1": ("A", "bob"), "b0": ("B", "ann")}
+    accounts, users = job_groups(PolicyInput(cluster, jobs, groups=groups))
+    assert len(set(accounts)) == 3 and accounts[0] == accounts[1] != accounts[2]
+    assert users[0] != users[1] and len(set(zip(accounts, users, strict=True))) == 4
+    assert accounts[3] not in accounts[:3] and users[3] not in users[:3]  # x stands alone
+    assert job_groups(PolicyInput(cluster, jobs)) == []
 
 
 def test_max_sum_throughput_respects_gpu_and_job_constraints():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from sia_slurm.policy.gavel_fill import water_fill
+from sia_slurm.policy.gavel_fill import passed_down, water_fill
 from sia_slurm.policy.gavel_lp import fill_program, normalised, shared_rows, solve_lp
 
 
@@ -136,3 +136,45 @@ def test_rounds_end_with_every_job_frozen():
     assert filled is not None
     assert filled.rounds == 1
     assert filled.x == pytest.approx([0.4] * 5, abs=1e-5)
+
+
+# Gavel's hierarchical reweighting: a frozen job's weight passes to its group's active jobs
+
+
+def test_a_frozen_jobs_weight_passes_to_its_user_then_its_account():
+    """Account A: user u1 with jobs 0 and 1 (0.5 each), user u2 with job 2 (1); account B:
+    job 3 (2). While all are active each keeps its weight; job 0 frozen: u1's 1 goes to job
+    1; u1 all frozen: A's 2 goes to u2; A all frozen: B keeps its own 2 (only ratios count)."""
+    weights = np.array([0.5, 0.5, 1.0, 2.0])
+    groups = [np.array(["A", "A", "A", "B"]), np.array(["u1", "u1", "u2", "u3"])]
+    cases = {
+        (1, 1, 1, 1): [0.5, 0.5, 1.0, 2.0],
+        (0, 1, 1, 1): [0.0, 1.0, 1.0, 2.0],
+        (0, 0, 1, 1): [0.0, 0.0, 2.0, 2.0],
+        (1, 1, 0, 1): [1.0, 1.0, 0.0, 2.0],
+        (0, 0, 0, 1): [0.0, 0.0, 0.0, 2.0],
+    }
+    for active, expected in cases.items():
+        rates = passed_down(weights, groups, np.array(active, dtype=bool))
+        assert rates == pytest.approx(expected), active
+    # without groups each active job keeps its own weight
+    assert passed_down(weights, (), np.array([0, 1, 1, 1], dtype=bool)) == pytest.approx(
+        [0.0, 0.5, 1.0, 2.0]
+    )
+
+
+def test_an_account_keeps_its_share_of_what_is_left_when_one_of_its_jobs_is_frozen():
+    """Type X (4 GPUs): a1 (account A, weight 1) and c1 (C, 3) with 4 GPUs each, time-sharing
+    it; type Y (1 GPU): a2 (A, 1) and b1 (B, 2). Every N is 2 X (T_ref: half a GPU's time).
+    Round 1: a1 and c1 freeze at weighted level 0.5 (X = 1/4, 3/4); a2 and b1 are at N = 0.5
+    and 1 with a quarter of Y left. Gavel passes a1's weight to a2, so A and B (2 each) split
+    the rest equally: X = 3/8, 5/8. With the weights alone, 1:2 all along: 1/3, 2/3."""
+    throughput = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    gpus, capacity = np.array([4.0, 1.0, 1.0, 4.0]), np.array([4.0, 1.0])
+    weights = np.array([1.0, 1.0, 2.0, 3.0])
+    accounts = [np.array(["A", "A", "B", "C"])]
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights, groups=accounts)
+    assert x[:, 0] == pytest.approx([0.25, 0.0, 0.0, 0.75], abs=1e-5)
+    assert x[1:3, 1] == pytest.approx([3 / 8, 5 / 8], abs=1e-5)
+    alone = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights)
+    assert alone[1:3, 1] == pytest.approx([1 / 3, 2 / 3], abs=1e-5)
