@@ -13,6 +13,7 @@ from scipy.optimize import linprog
 
 from sia_slurm.policy.gavel_fill import passed_down, water_fill
 from sia_slurm.policy.gavel_lp import fill_program, normalised, shared_rows, solve_lp
+from sia_slurm.policy.testing import gavel_instance
 
 
 def levels(throughput, gpus, capacity, x):
@@ -58,18 +59,6 @@ def test_weights_split_the_level_of_jobs_bottlenecked_together():
     assert x[1:, 1] == pytest.approx([2 / 3, 1 / 3], abs=1e-5)
 
 
-def random_instance(seed: int, n_jobs: int):
-    """Jobs of 1-8 GPUs on hetero64's types (24, 24, 16 GPUs), a tenth of the (job, type)
-    pairs impossible, throughputs spread over types and jobs, weights 0.5 to 4."""
-    rng = np.random.default_rng(seed)
-    capacity = np.array([24.0, 24.0, 16.0])
-    gpus = rng.choice([1.0, 2.0, 4.0, 8.0], size=n_jobs, p=[0.4, 0.3, 0.2, 0.1])
-    throughput = np.array([1.0, 2.0, 4.0]) * rng.lognormal(0.0, 0.5, size=(n_jobs, 3))
-    throughput[rng.random((n_jobs, 3)) < 0.1] = 0.0
-    weights = rng.choice([0.5, 1.0, 2.0, 4.0], size=n_jobs)
-    return throughput, gpus, capacity, weights
-
-
 def can_rise(throughput, gpus, capacity, weights, level, m, tolerance=1e-6):
     """Whether job ``m``'s N can exceed ``level[m]`` by 0.1% while every job at or below its
     weighted level keeps its own and none above falls below it: then the sorted weighted
@@ -98,7 +87,7 @@ def test_water_filled_shares_are_max_min_fair_and_feasible():
     """20 jobs on 3 types: X keeps every constraint, the lowest weighted level is the first
     LP's, and no job's level can rise by 0.1% without lowering one at or below its weighted
     level or pushing one above below it (the first LP's X fails this for most jobs)."""
-    throughput, gpus, capacity, weights = random_instance(7, 20)
+    throughput, gpus, capacity, weights = gavel_instance(7, 20)
     x = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights)
     assert np.all(x >= 0) and np.all(x[throughput == 0] == 0)
     assert np.all(x.sum(axis=1) <= 1 + 1e-5)
