@@ -135,7 +135,7 @@ def water_fill(
         if bottlenecked is None:
             break
         if not bottlenecked.any():  # only numerical noise can say no job is stuck: stop here
-            logger.debug("water-filling: no bottlenecked job in round %d; all frozen", rounds)
+            logger.debug("water-filling: no bottlenecked job in round %d; stopping", rounds)
             break
         active = active & ~bottlenecked
     if x is None:

@@ -89,7 +89,8 @@ def solve_lp(
     if x is None:
         logger.warning("Gavel LP failed; no job gets a target share")
         return np.zeros((n_jobs, n_types))
-    x = share_ties(x[: n_jobs * n_types].reshape(n_jobs, n_types), throughput, gpus, weights)
+    x = x[: n_jobs * n_types].reshape(n_jobs, n_types)
+    x = share_ties(x, throughput, gpus, weights, groups if water_filling else ())
     return np.clip(np.round(x, DECIMALS), 0.0, 1.0)
 
 
@@ -141,13 +142,22 @@ def throughput_lp(
 
 
 def share_ties(
-    x: np.ndarray, throughput: np.ndarray, gpus: np.ndarray, weights: np.ndarray | None = None
+    x: np.ndarray,
+    throughput: np.ndarray,
+    gpus: np.ndarray,
+    weights: np.ndarray | None = None,
+    groups: Sequence[np.ndarray] = (),
 ) -> np.ndarray:
     """``x`` averaged over each group of jobs with the same GPU count, throughputs and weight
-    (equal to a relative 1e-9), as an interior-point solution would share them."""
+    (equal to a relative 1e-9) and the same place in ``groups`` (the water-filling passes
+    weights down within them, so jobs of different users are not interchangeable), as an
+    interior-point solution would share them."""
     weights = np.ones(len(gpus)) if weights is None else weights
     values = np.column_stack([gpus, weights, throughput])
     keys = np.where(values > 0, np.round(np.log(np.maximum(values, 1e-300)), 9), -np.inf)
+    for labels in groups:
+        codes = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
+        keys = np.column_stack([keys, codes.astype(float)])
     _, group = np.unique(keys, axis=0, return_inverse=True)
     group = group.reshape(-1)
     sums = np.zeros((group.max() + 1, x.shape[1]))

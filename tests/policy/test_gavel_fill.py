@@ -167,3 +167,16 @@ def test_an_account_keeps_its_share_of_what_is_left_when_one_of_its_jobs_is_froz
     assert x[1:3, 1] == pytest.approx([3 / 8, 5 / 8], abs=1e-5)
     alone = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights)
     assert alone[1:3, 1] == pytest.approx([1 / 3, 2 / 3], abs=1e-5)
+
+
+def test_jobs_alike_but_in_different_accounts_are_not_averaged():
+    """The case above with b1 at weight 1, as a2: alike but for their accounts, and after a1
+    freezes a2 rises at A's weight 2, b1 at 1. Averaging them as interchangeable (the shares
+    of tied jobs) would undo that: a2 keeps more of Y than b1."""
+    throughput = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    gpus, capacity = np.array([4.0, 1.0, 1.0, 4.0]), np.array([4.0, 1.0])
+    weights = np.array([1.0, 1.0, 1.0, 3.0])
+    accounts = [np.array(["A", "A", "B", "C"])]
+    x = solve_lp(throughput, gpus, capacity, "max_min_fairness", weights, groups=accounts)
+    assert x[1, 1] > x[2, 1] + 0.05
+    assert x[1:3, 1].sum() == pytest.approx(1.0, abs=1e-5)
