@@ -107,6 +107,24 @@ def test_water_filled_shares_are_max_min_fair_and_feasible():
     assert risers == []
 
 
+def test_twins_the_duals_miss_are_found_by_the_bottleneck_lp():
+    """Five jobs, each twice: a max-min LP's dual may prove one twin bottlenecked and not the
+    other, whose next round then stalls and goes to the bottleneck LP. The result is still
+    max-min fair (a bottleneck LP that froze every candidate would leave 8 of 10 able to rise)
+    and twins end alike."""
+    throughput, gpus, capacity, weights = gavel_instance(0, 5)
+    throughput, gpus, weights = (np.repeat(a, 2, axis=0) for a in (throughput, gpus, weights))
+    runnable = (throughput > 0).any(axis=1)
+    filled = water_fill(fill_program(throughput, gpus, capacity), weights, runnable)
+    assert filled is not None
+    assert filled.solves > filled.rounds  # the bottleneck LP ran
+    risers = [
+        m for m in range(10) if can_rise(throughput, gpus, capacity, weights, filled.levels, m)
+    ]
+    assert risers == []
+    assert filled.levels[0::2] == pytest.approx(filled.levels[1::2], rel=1e-4)
+
+
 def test_rounds_end_with_every_job_frozen():
     """Jobs 0 and 1 alone on a type each (weights 4 and 1), jobs 2 and 3 (weight 1) sharing a
     third: weighted levels N/4, N/2 and N take three rounds, each freezing one level; jobs
