@@ -125,6 +125,7 @@ def test_negative_gpus_per_node() -> None:
         ("{growth_factor: 0.5}", "policy.growth_factor", "expected >= 1 or None, got 0.5"),
         ("{lambda_a: -1}", "policy.lambda_a", "expected >= 0, got -1"),
         ("{name: gavel, objective: fastest}", "policy.objective", "expected one of"),
+        ("{name: gavel, water_filling: 2}", "policy.water_filling", "expected"),
         ("{name: pollux, population: 1}", "policy.p", "population >= 2"),
         (
             "{name: pollux, population: 1.5}",
@@ -144,6 +145,10 @@ def test_policy_parameters_build_the_policys_config() -> None:
     config = parse_config(GOOD + "policy: {name: gavel, objective: max_total_throughput}\n")
     assert config.policy.name == "gavel"
     assert config.policy.params == GavelPolicyConfig(objective="max_total_throughput")
+    config = parse_config(
+        GOOD + "policy: {name: gavel, objective: max_min_fairness, water_filling: false}\n"
+    )
+    assert config.policy.params == GavelPolicyConfig("max_min_fairness", water_filling=False)
     config = parse_config(GOOD + "policy: {growth_factor: null, lambda_a: 0}\n")
     assert config.policy.params.growth_factor is None and config.policy.params.lambda_a == 0.0
 

@@ -123,7 +123,11 @@ class Controller:
             round_index=self.round_index,
             limits=self._limits(live, snapshot),
         )
-        policy_input = replace(policy_input, weights=self._weights(live, snapshot, policy_input))
+        policy_input = replace(
+            policy_input,
+            weights=self._weights(live, snapshot, policy_input),
+            groups=self._groups(live, snapshot),
+        )
         allocation = self.policy.solve(policy_input)
         t2 = time.perf_counter()
         placement = place(cluster, allocation, views)
@@ -197,7 +201,7 @@ class Controller:
         """Each live job's weight from the shares (Slurm's association shares when accounting
         is on, else the config's) and each account's recent GPU time against what it was
         owed (:mod:`sia_slurm.policy.shares`, :mod:`sia_slurm.policy.entitlement`)."""
-        shares = self.shares if snapshot.site is None else snapshot.site.shares()
+        shares = self._shares(snapshot)
         owners = [_owner(job) for job in live]
         account_of = {o.job_id: shares.account_of(o.user, o.account) for o in owners}
         held: dict[str, float] = {}
@@ -211,6 +215,18 @@ class Controller:
             owed = owed_gpus(self.policy, policy_input, account_of, parts)
         self.usage.record(snapshot.time, held, owed)
         return job_weights(owners, shares, self.usage.factors(parts))
+
+    def _shares(self, snapshot: ClusterSnapshot) -> SharesConfig:
+        """Slurm's association shares when accounting is on, else the config's."""
+        return self.shares if snapshot.site is None else snapshot.site.shares()
+
+    def _groups(
+        self, live: list[JobSnapshot], snapshot: ClusterSnapshot
+    ) -> dict[str, tuple[str, ...]]:
+        """Each live job's (account, user), as its weight counts them (:meth:`_weights`)."""
+        shares = self._shares(snapshot)
+        owners = [_owner(job) for job in live]
+        return {o.job_id: (shares.account_of(o.user, o.account), o.user) for o in owners}
 
     @staticmethod
     def _limits(live: list[JobSnapshot], snapshot: ClusterSnapshot) -> tuple[GpuLimit, ...]:

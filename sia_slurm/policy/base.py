@@ -224,6 +224,9 @@ class PolicyInput:
     round_index: int = 0
     # Per job, its weight in the objective from the site's shares (:mod:`.shares`); absent: 1.
     weights: Mapping[str, float] = field(default_factory=dict)
+    # Per job, its groups in the shares' hierarchy, outermost first: (account, user). Gavel's
+    # hierarchical max-min fairness hands a frozen job's weight to its groups (.gavel_fill).
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # GPU limits from Slurm's associations and QOS (:mod:`.limits`): shared caps on sets of jobs.
     limits: tuple[GpuLimit, ...] = ()
 
@@ -232,6 +235,7 @@ class PolicyInput:
         if len(set(ids)) != len(ids):
             raise ValueError("policy input: job ids must be unique")
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
         bad = {k: w for k, w in self.weights.items() if not 0 < w < float("inf")}
         if bad:
             raise ValueError(f"policy input: weights must be finite and > 0, got {bad}")

@@ -90,6 +90,7 @@ def entitlements(
             policy_input,
             jobs=tuple(j for j in policy_input.jobs if account_of.get(j.job_id) == account),
             weights={},
+            groups={},
             limits=(),
         )
         for account in parts

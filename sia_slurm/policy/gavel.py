@@ -2,7 +2,8 @@
 
 Jobs run at their requested GPU count and batch size. A linear program over ``X[job, type]``
 (the fraction of time each job should spend on each type; :mod:`.gavel_lp`) expresses the
-objective, and a round-based mechanism realises it. Every ``round_duration`` seconds:
+objective (hierarchical max-min fairness water-fills: a sequence of them, :mod:`.gavel_fill`),
+and a round-based mechanism realises it. Every ``round_duration`` seconds:
 
 1. **Priority.** Each (job, type) pair gets ``X / fraction``, where ``fraction`` is the job's
    credited time on the type over the time credited to every job on that type so far (the
@@ -197,6 +198,21 @@ def schedule_even(
     return requests, hints
 
 
+def job_groups(policy_input: PolicyInput) -> list[np.ndarray]:
+    """The hierarchy's labels per depth (account, then user) for the round's jobs; a job the
+    input gives no groups is a group of its own at every depth."""
+    jobs = policy_input.jobs
+    depth = max((len(policy_input.groups.get(job.job_id, ())) for job in jobs), default=0)
+    labels = []
+    for k in range(depth):
+        row = []
+        for job in jobs:
+            path = policy_input.groups.get(job.job_id, ())
+            row.append(f"{k}:{path[k]}" if k < len(path) else f"job:{job.job_id}")
+        labels.append(np.array(row, dtype=object))
+    return labels
+
+
 def previous(job: JobView, gpu_type: str) -> tuple[NodeShare, ...]:
     """The job's current node shares if they are on ``gpu_type``."""
     return job.placement if job.current is not None and job.current.gpu_type == gpu_type else ()
@@ -225,7 +241,15 @@ class GavelPolicy:
         gpus = np.array([job.requested_gpus for job in policy_input.jobs], dtype=float)
         capacity = np.array([cluster.types[t].capacity for t in cluster.gpu_types], dtype=float)
         weights = np.array([policy_input.weight(job.job_id) for job in policy_input.jobs])
-        targets = solve_lp(throughput, gpus, capacity, self.config.objective, weights)
+        targets = solve_lp(
+            throughput,
+            gpus,
+            capacity,
+            self.config.objective,
+            weights,
+            self.config.water_filling,
+            job_groups(policy_input),
+        )
         pairs = ranked_pairs(policy_input, shapes, targets, received, type_time)
         if self.config.workers == "any":
             requests = schedule(policy_input, pairs)

@@ -114,11 +114,15 @@ class GavelPolicyConfig:
     ``round_duration``: seconds between Gavel's decisions (the artifact's 360).
     ``workers``: ``even`` (the same GPUs on every node a job spans, which is what one Slurm job
     can ask for) or ``any`` (free GPUs anywhere on the type, as the artifact's simulator runs
-    Gavel; the simulator's default)."""
+    Gavel; the simulator's default).
+    ``water_filling``: ``max_min_fairness`` water-fills as Gavel's hierarchical policy does
+    (re-solving to raise the jobs the first LP does not bottleneck; :mod:`.gavel_fill`);
+    ``false`` keeps only its first LP, the weighted max-min, for comparison."""
 
     objective: str = "max_sum_throughput"
     round_duration: float = 360.0
     workers: str = "even"
+    water_filling: bool = True
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

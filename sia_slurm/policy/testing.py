@@ -5,7 +5,8 @@ They implement :class:`sia_slurm.core.GoodputEstimator` without the real model
 
 - :class:`TableEstimator`: goodput read from a table, for hand-built instances and brute force;
 - :class:`SyntheticEstimator`: a throughput-like shape, concave in the GPU count, slower across
-  nodes, with a per-type speed, for benchmarks at scale.
+  nodes, with a per-type speed, for benchmarks at scale;
+- :func:`gavel_instance`: a random throughput matrix for Gavel's programs (:mod:`.gavel_lp`).
 """
 
 from __future__ import annotations
@@ -128,3 +129,17 @@ def make_cluster(spec: Sequence[tuple[str, int, int]]) -> ClusterView:
             for i in range(count)
         )
     )
+
+
+def gavel_instance(seed: int, n_jobs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(throughput, gpus, capacity, weights)`` for Gavel's programs: jobs of 1-8 GPUs on the
+    paper's 64-GPU cluster's types (24, 24, 16 GPUs), throughputs spread over types and jobs
+    (faster types 2x and 4x on average), a tenth of the (job, type) pairs impossible, weights
+    0.5 to 4 (accounts and users of different shares)."""
+    rng = np.random.default_rng(seed)
+    capacity = np.array([24.0, 24.0, 16.0])
+    gpus = rng.choice([1.0, 2.0, 4.0, 8.0], size=n_jobs, p=[0.4, 0.3, 0.2, 0.1])
+    throughput = np.array([1.0, 2.0, 4.0]) * rng.lognormal(0.0, 0.5, size=(n_jobs, 3))
+    throughput[rng.random((n_jobs, 3)) < 0.1] = 0.0
+    weights = rng.choice([0.5, 1.0, 2.0, 4.0], size=n_jobs)
+    return throughput, gpus, capacity, weights

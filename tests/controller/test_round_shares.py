@@ -70,6 +70,13 @@ def test_config_shares_weigh_accounts(jobs: tuple[JobSnapshot, ...]) -> None:
     controller(policy, shares).round(ClusterSnapshot(0.0, NODES, jobs))
     *owed, seen = policy.inputs
     assert seen.weights["b1"] == pytest.approx(seen.weights["p1"])  # 3/4 over 3 jobs vs 1/4
+    # the hierarchy the weights come from, for Gavel's water-filling to pass weights down
+    assert dict(seen.groups) == {
+        "b1": ("bio", "ann"),
+        "b2": ("bio", "ann"),
+        "b3": ("bio", "ann"),
+        "p1": ("phys", "bob"),
+    }
     # What each account is owed, before the round's own solve: its jobs alone on the whole
     # cluster (solo), on its part (bio 3/4 of the 8 A100s: one whole node and half the other;
     # phys 1/4) and on what the other's solo leaves (new jobs start on one GPU each: phys's
@@ -83,6 +90,7 @@ def test_config_shares_weigh_accounts(jobs: tuple[JobSnapshot, ...]) -> None:
         ["p1"],
     ]
     assert [i.cluster.total_capacity for i in owed] == [8, 8, 6, 7, 2, 5]
+    assert all(not i.groups and not i.weights for i in owed)
     assert seen.cluster.total_capacity == 8 and len(seen.jobs) == 4
 
 

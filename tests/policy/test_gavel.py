@@ -14,6 +14,7 @@ from sia_slurm.policy.gavel import (
     GavelPolicyConfig,
     GavelState,
     credited,
+    job_groups,
     ranked_pairs,
     requested_shapes,
     solve_lp,
@@ -93,6 +94,17 @@ def test_hierarchical_max_min_fairness_splits_across_accounts_then_within():
     assert "b0" not in fair.solve(PolicyInput(cluster, jobs)).jobs  # ties: input order
 
 
+def test_job_groups_are_the_inputs_hierarchy_and_jobs_without_one_stand_alone():
+    cluster = make_cluster([("A", 1, 2)])
+    jobs = tuple(rigid(j, 1, {"A": 1}) for j in ("a0", "a1", "b0", "x"))
+    groups = {"a0": ("A", "ann"), "a1": ("A", "bob"), "b0": ("B", "ann")}
+    accounts, users = job_groups(PolicyInput(cluster, jobs, groups=groups))
+    assert len(set(accounts)) == 3 and accounts[0] == accounts[1] != accounts[2]
+    assert users[0] != users[1] and len(set(zip(accounts, users, strict=True))) == 4
+    assert accounts[3] not in accounts[:3] and users[3] not in users[:3]  # x stands alone
+    assert job_groups(PolicyInput(cluster, jobs)) == []
+
+
 def test_max_sum_throughput_respects_gpu_and_job_constraints():
     """Types A (4 GPUs) and B (2). Per GPU, "wide" (4 GPUs; 8 steps/s on A, 4 on B) is worth
     2 on A and 1 on B, "narrow" (1 GPU) 3 on A and 1 on B. The unique optimum (value 10): narrow
@@ -117,6 +129,7 @@ def test_requested_shapes_give_optimizer_steps_per_second():
 
 def test_config_default_is_the_artifacts_objective_and_others_stay_named():
     assert GavelPolicyConfig().objective == "max_sum_throughput"
+    assert GavelPolicyConfig().water_filling  # max_min_fairness water-fills unless told not to
     for name in ("max_min_fairness", "max_total_throughput"):
         assert GavelPolicyConfig(objective=name).objective == name
     with pytest.raises(ValueError, match="max_sum_throughput"):
