@@ -84,7 +84,10 @@ def entitlements(
     """Per account in ``parts`` (its fraction of the cluster), what ``policy`` allocates its
     jobs (``account_of``: job id -> account) alone on :func:`share_cluster` of that fraction,
     on the whole cluster, and on the whole cluster less the other accounts' solo allocations;
-    the site's limits and the other accounts' jobs left out."""
+    the site's limits and the other accounts' jobs left out. Each is a decision of its own,
+    with no previous allocation: a policy that decides only every so often (Gavel, every
+    ``round_duration``) would otherwise keep its last allocation, and owe each account what it
+    holds."""
     own = {
         account: replace(
             policy_input,
@@ -92,6 +95,7 @@ def entitlements(
             weights={},
             groups={},
             limits=(),
+            previous=None,
         )
         for account in parts
     }

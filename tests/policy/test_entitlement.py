@@ -52,7 +52,8 @@ def test_owed_gpus_solves_each_account_alone_on_its_part() -> None:
     policy = Greedy()
     jobs = tuple(JobView(name, JobKind.ADAPTIVE, None) for name in ("a1", "a2", "b1"))  # type: ignore[arg-type]
     account_of = {"a1": "a", "a2": "a", "b1": "b"}
-    given = PolicyInput(CLUSTER, jobs, weights={"a1": 2.0, "a2": 2.0, "b1": 0.5})
+    last = Allocation(jobs={}, time=0.0, round_index=0, state="Gavel's round timing")
+    given = PolicyInput(CLUSTER, jobs, previous=last, weights={"a1": 2.0, "a2": 2.0, "b1": 0.5})
     owed = owed_gpus(policy, given, account_of, {"a": 0.75, "b": 0.25, "idle": 0.0})
     # round(7 * 0.75), round(7 * 0.25): each solo allocation takes all 7 t4 GPUs, so what the
     # other leaves (24 rtx GPUs, which Greedy does not use) adds nothing.
@@ -60,6 +61,7 @@ def test_owed_gpus_solves_each_account_alone_on_its_part() -> None:
     solo_a, solo_b, alone_a, leftover_a, alone_b, leftover_b = policy.inputs
     assert [j.job_id for j in solo_a.jobs] == ["a1", "a2"] and solo_a.weights == {}
     assert [j.job_id for j in solo_b.jobs] == ["b1"] and solo_b.cluster == CLUSTER
+    assert all(i.previous is None for i in policy.inputs)  # each a decision of its own
     assert alone_a.cluster.types["t4"].capacity == 5 and alone_b.cluster.types["t4"].capacity == 2
     assert leftover_a.cluster.types["t4"].capacity == 0  # b's solo takes all of them
     assert leftover_b.cluster.types["t4"].capacity == 0  # and a's
