@@ -12,7 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sia_slurm.config import SiaConfig
-from sia_slurm.protocol import Assignment, ProtocolError, StatePaths, read_document
+from sia_slurm.protocol import (
+    Assignment,
+    ProtocolError,
+    RunRefusal,
+    StatePaths,
+    read_document,
+    refusal_name,
+    write_document,
+)
 
 logger = logging.getLogger("sia-launch")
 
@@ -139,29 +147,104 @@ def await_grant(
 
     A run without a matching assignment was not granted by the controller, which requeues it
     at its next round (Slurm's SIGTERM ends this process then). The assignment is re-read
-    meanwhile: one written late (or seen late over NFS) lets the run go on. After
-    ``wait_s`` without either, :class:`LaunchError` (exit 3).
+    meanwhile: one written late (or seen late over NFS) lets the run go on. An assignment for
+    this very run (job id, restart count, nodes) that Slurm's allocation does not match is
+    a mismatch the controller cannot see in ``scontrol`` (a run started with
+    ``SLURM_GPUS_ON_NODE=0`` while Slurm's record holds the GPUs): the refusal is left in
+    ``refusal-<run>.json`` (:class:`RunRefusal`) for the controller to requeue the run, and
+    withdrawn when this function returns or gives up. After ``wait_s`` without either,
+    :class:`LaunchError` (exit 3).
     """
     deadline = clock() + wait_s
-    said = ""
-    while True:
-        try:
-            assignment = read_document(Assignment, paths.assignment(sia_id))
-            if assignment.sia_id != sia_id:
-                raise LaunchError(f"{paths.assignment(sia_id)}: sia_id is {assignment.sia_id!r}")
-            check_allocation(assignment, allocation, config, hostnames)
-            return assignment
-        except (ProtocolError, LaunchError) as exc:
-            problem = str(exc)
-        if clock() >= deadline:
-            raise LaunchError(problem, EXIT_MISMATCH)
-        if problem != said:
-            said = problem
-            logger.warning(
-                "[job=%s] not training: %s; waiting for the controller to requeue this run "
-                "(at most %.0f s)",
-                sia_id,
-                problem,
-                wait_s,
+    said, refused = "", False
+    try:
+        while True:
+            assignment: Assignment | None = None
+            try:
+                assignment = read_document(Assignment, paths.assignment(sia_id))
+                if assignment.sia_id != sia_id:
+                    raise LaunchError(
+                        f"{paths.assignment(sia_id)}: sia_id is {assignment.sia_id!r}"
+                    )
+                check_allocation(assignment, allocation, config, hostnames)
+                return assignment
+            except (ProtocolError, LaunchError) as exc:
+                problem = str(exc)
+                mismatch = isinstance(exc, LaunchError) and exc.status == EXIT_MISMATCH
+            mine = (
+                mismatch
+                and assignment is not None
+                and _names_run(assignment, allocation, hostnames)
             )
-        sleep(poll_s)
+            if clock() >= deadline:
+                raise LaunchError(problem, EXIT_MISMATCH)
+            if mine and (problem != said or not refused):
+                assert assignment is not None
+                refused = _refuse(paths, assignment, allocation, hostnames, problem)
+            elif refused and not mine:
+                refused = not _withdraw(paths, sia_id, allocation)
+            if problem != said:
+                said = problem
+                logger.warning(
+                    "[job=%s] not training: %s; waiting for the controller to requeue this "
+                    "run (at most %.0f s)",
+                    sia_id,
+                    problem,
+                    wait_s,
+                )
+            sleep(poll_s)
+    finally:
+        if refused:
+            _withdraw(paths, sia_id, allocation)
+
+
+def _names_run(
+    assignment: Assignment, allocation: SlurmAllocation, hostnames: Sequence[str]
+) -> bool:
+    """Whether ``assignment`` is for this very run: its job id and restart count, and its
+    nodes when it lists them (:meth:`Assignment.hands_over`). One for another run, or for
+    none, is not a refusal: it may be late, and the run keeps waiting."""
+    return bool(assignment.slurm_job_id) and not assignment.hands_over(
+        allocation.job_id, allocation.restart_count, hostnames
+    )
+
+
+def _refuse(
+    paths: StatePaths,
+    assignment: Assignment,
+    allocation: SlurmAllocation,
+    hostnames: Sequence[str],
+    problem: str,
+) -> bool:
+    """Write this run's :class:`RunRefusal`; whether it was written (a failure is logged:
+    the launcher then gives up after its wait, as before)."""
+    refusal = RunRefusal(
+        sia_id=assignment.sia_id,
+        slurm_job_id=allocation.job_id,
+        slurm_restart_count=allocation.restart_count,
+        node_list=tuple(hostnames),
+        round_index=assignment.round_index,
+        time=time.time(),
+        message=problem,
+    )
+    path = paths.job_dir(assignment.sia_id) / refusal_name(
+        allocation.job_id, allocation.restart_count
+    )
+    try:
+        write_document(path, refusal)
+    except (OSError, ProtocolError) as exc:
+        logger.warning("[job=%s] cannot record the refusal of this run: %s", assignment.sia_id, exc)
+        return False
+    logger.warning("[job=%s] refusal recorded in %s for the controller", assignment.sia_id, path)
+    return True
+
+
+def _withdraw(paths: StatePaths, sia_id: str, allocation: SlurmAllocation) -> bool:
+    """Remove this run's refusal (the run trains after all, or gives up); whether it is gone."""
+    path = paths.job_dir(sia_id) / refusal_name(allocation.job_id, allocation.restart_count)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("[job=%s] cannot withdraw %s: %s", sia_id, path, exc)
+        return False
+    return True

@@ -10,6 +10,7 @@ them for people). Two trees, by who may write them (``docs/security.md``)::
     jobs/<sia_id>/ack-<round>.<run>   by rank 0 after its checkpoint        (empty file)
     jobs/<sia_id>/metrics.json        by rank 0 every ~30 s                 (MetricsReport)
     jobs/<sia_id>/exit-<run>.json     by the launcher when a run ends       (RunExit)
+    jobs/<sia_id>/refusal-<run>.json  by the launcher that will not train   (RunRefusal)
 
 ``control/`` belongs to the controller's account and users can only read it; ``jobs/`` is
 sticky and world-writable (like /tmp), each ``jobs/<sia_id>/`` belongs to the job's user. The
@@ -114,11 +115,17 @@ def ack_name(round_index: int, slurm_job_id: str, restart_count: int) -> str:
     return f"ack-{round_index}.{slurm_job_id}.{restart_count}"
 
 
-def exit_name(slurm_job_id: str, restart_count: int) -> str:
-    """The file name of one Slurm run's :class:`RunExit`: ``exit-<job id>.<restart>.json``."""
+def exit_name(slurm_job_id: str, restart_count: int, kind: str = "exit") -> str:
+    """The file name of one Slurm run's :class:`RunExit`: ``exit-<job id>.<restart>.json``
+    (``kind``: another record of the run, such as ``refusal``)."""
     if not slurm_job_id.isdigit() or restart_count < 0:
         raise ProtocolError(f"Slurm run {slurm_job_id!r}.{restart_count}: not a job id and count")
-    return f"exit-{slurm_job_id}.{restart_count}.json"
+    return f"{kind}-{slurm_job_id}.{restart_count}.json"
+
+
+def refusal_name(slurm_job_id: str, restart_count: int) -> str:
+    """The file name of one Slurm run's :class:`RunRefusal`: ``refusal-<job>.<restart>.json``."""
+    return exit_name(slurm_job_id, restart_count, "refusal")
 
 
 def check_sia_id(sia_id: str) -> str:
@@ -403,11 +410,37 @@ class RunExit:
         return ExitCause(self.cause)
 
 
+@dataclass(frozen=True)
+class RunRefusal:
+    """A launcher's refusal to train in the very run its assignment names (job id, restart
+    count, ``node_list``): Slurm's allocation, as the batch step sees it (partition, node
+    count, ``SLURM_GPUS_ON_NODE``), is not the assignment, while ``scontrol`` may show the
+    grant (seen after a slurmd restart). Written while the launcher waits; the controller
+    requeues and holds the run it names, if Slurm runs it on those nodes, at its next round.
+    The user owns the file: all it can do is requeue its own job.
+    """
+
+    sia_id: str
+    slurm_job_id: str
+    slurm_restart_count: int
+    node_list: tuple[str, ...]
+    round_index: int  # of the assignment refused
+    time: float = 0.0
+    message: str = ""
+    version: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        check_sia_id(self.sia_id)
+        refusal_name(self.slurm_job_id, self.slurm_restart_count)  # validates both
+        object.__setattr__(self, "node_list", tuple(self.node_list))
+        object.__setattr__(self, "message", self.message[:2000])
+
+
 # ------------------------------------------------------------------------------------------------
 # Reading and writing
 
-_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit)
-Document = JobSpec | Assignment | MetricsReport | StopRequest | RunExit
+_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit, RunRefusal)
+Document = JobSpec | Assignment | MetricsReport | StopRequest | RunExit | RunRefusal
 
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:

@@ -27,6 +27,7 @@ from sia_slurm.protocol import (
     MetricsReport,
     ProtocolError,
     RunExit,
+    RunRefusal,
     StopRequest,
     check_sia_id,
     from_json,
@@ -34,7 +35,7 @@ from sia_slurm.protocol import (
     read_capped,
 )
 
-_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit)
+_D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit, RunRefusal)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 

@@ -41,10 +41,12 @@ from sia_slurm.protocol import (
     MetricsReport,
     ProtocolError,
     RunExit,
+    RunRefusal,
     StatePaths,
     StopRequest,
     ack_name,
     exit_name,
+    refusal_name,
 )
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.accounting import AccountingReader, user_name
@@ -68,6 +70,7 @@ from sia_slurm.slurm.managed import (
     foreign_jobs,
     group_managed,
     job_phase,
+    refused,
     resolve,
     unauthorized,
     under_controller_hold,
@@ -219,6 +222,7 @@ class SlurmBackend:
                     ack_name(stop.round_index, job.job_id, job.restart_count)
                 )
                 failure = self._failure(managed, spec, directory, stop is not None and acked)
+                refusal = self._refusal(managed, assignment, directory, rejected)
         except ProtocolError as exc:
             if not job.finished:
                 rejected.append(f"job {sia_id}: not scheduled: {exc}")
@@ -226,9 +230,11 @@ class SlurmBackend:
         # Identity and age come from Slurm (the record), never from the user's file.
         spec = replace(spec, submit_time=managed.record.submit_time, owner_uid=managed.user_id)
         reason = unauthorized(job, assignment, self.partition_types)
-        if reason is not None:
-            enforcement.requeue[sia_id] = (managed, reason)
+        if reason is not None or refusal is not None:
+            enforcement.requeue[sia_id] = (managed, reason or refusal or "")
             message = f"runs on GPUs the controller did not grant ({reason}); being requeued"
+            if reason is None:
+                message = f"not running as granted: {refusal}; being requeued"
             return self._job(managed, spec, JobPhase.PENDING, message, assignment), None
         if job.completing and not _granted_run(job, assignment):
             # Requeued by someone else (its user, Slurm): back to PENDING once Slurm has its
@@ -321,6 +327,29 @@ class SlurmBackend:
             max_failures=spec.max_failures,
             max_slurm_failures=self.config.restart.max_slurm_failures,
         )
+
+    def _refusal(
+        self,
+        managed: ManagedJob,
+        assignment: Assignment | None,
+        directory: JobDirectory,
+        rejected: list[str],
+    ) -> str | None:
+        """Why the current run's launcher refused to train in it (:func:`refused`), if Slurm
+        runs it as granted; a record that is malformed or names another run is ignored, and
+        said once in ``rejected``."""
+        job = managed.current
+        if job.state != "RUNNING" or not _granted_run(job, assignment):
+            return None
+        name = refusal_name(job.job_id, job.restart_count)
+        try:
+            refusal = directory.read_document(RunRefusal, name)
+            return None if refusal is None else refused(job, assignment, refusal)
+        except ProtocolError as exc:
+            where = directory.where(name)
+            said = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+            rejected.append(f"job {managed.sia_id}: launcher's refusal ignored: {said}")
+            return None
 
     def _read_own(
         self, cls: type[Assignment] | type[StopRequest], path: Path, what: str, rejected: list[str]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from sia_slurm.cluster import JobPhase
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
-from sia_slurm.protocol import SIA_ID, Assignment, ExitCause, RunExit
+from sia_slurm.protocol import SIA_ID, Assignment, ExitCause, ProtocolError, RunExit, RunRefusal
 from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
 from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob
 
@@ -270,6 +270,40 @@ def unauthorized(
     if (gpu_type := partition_types.get(job.partition)) and gpu_type != assignment.gpu_type:
         problems.append(f"GPU type {gpu_type} (assigned {assignment.gpu_type})")
     return "; ".join(problems) or None
+
+
+def refused(job: SlurmJob, assignment: Assignment | None, refusal: RunRefusal) -> str | None:
+    """Why a run that Slurm shows RUNNING as granted is not running as granted, by its
+    launcher's ``refusal`` (``None``: the job is not such a run, nothing to judge).
+
+    The launcher saw an allocation other than the one ``scontrol`` shows (a batch step started
+    with ``SLURM_GPUS_ON_NODE=0`` after a slurmd restart), which :func:`unauthorized` cannot
+    see. The record is the user's: it counts only for the run Slurm runs now under the
+    assignment written for it (job id, restart count, nodes); one naming another run raises
+    :class:`ProtocolError` saying so. At worst a user requeues their own job.
+    """
+    if job.state != "RUNNING" or assignment is None:
+        return None
+    if (assignment.slurm_job_id, assignment.slurm_restart_count) != (
+        job.job_id,
+        job.restart_count,
+    ):
+        return None
+    named = (refusal.sia_id, refusal.slurm_job_id, refusal.slurm_restart_count)
+    if named != (assignment.sia_id, job.job_id, job.restart_count) or sorted(
+        refusal.node_list
+    ) != sorted(job.nodes):
+        raise ProtocolError(
+            f"names job {refusal.sia_id} Slurm job {refusal.slurm_job_id} run "
+            f"{refusal.slurm_restart_count} on {','.join(refusal.node_list) or '-'}, but "
+            f"Slurm runs job {job.job_id} run {job.restart_count} on {','.join(job.nodes)}"
+        )
+    said = "".join(c if c.isprintable() else " " for c in refusal.message)
+    said = " ".join(said.split())[:400]
+    return (
+        f"its launcher refused to train in Slurm job {job.job_id} run {job.restart_count} "
+        f"(assignment of round {refusal.round_index}): {said or 'no reason given'}"
+    )
 
 
 def allocation_of(
