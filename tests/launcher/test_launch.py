@@ -35,8 +35,10 @@ from sia_slurm.protocol import (
     Assignment,
     JobSpec,
     RunExit,
+    RunRefusal,
     StatePaths,
     read_document,
+    refusal_name,
     write_document,
 )
 
@@ -310,6 +312,86 @@ def test_a_missing_assignment_is_waited_for_too(config_path: Path) -> None:
     write_document(paths.assignment("s1-abcd"), replace(assignment(), sia_id="other"))
     with pytest.raises(LaunchError, match="sia_id is 'other'"):
         wait(config_path, Clock(), wait_s=4.0)
+
+
+def refusals(paths: StatePaths) -> list[str]:
+    return sorted(n for n in os.listdir(paths.job_dir("s1-abcd")) if n.startswith("refusal-"))
+
+
+def test_a_run_its_assignment_names_on_another_allocation_records_its_refusal(
+    config_path: Path,
+) -> None:
+    """Slurm started the very run the assignment names (job 41 run 1 on rtx-[1-2]) with
+    ``SLURM_GPUS_ON_NODE=0``: the launcher leaves its refusal for the controller while it
+    waits, and withdraws it once the assignment names the next run (the controller
+    requeued this one)."""
+    paths, allocation, config = grant_args(config_path)
+    write_document(paths.assignment("s1-abcd"), assignment(node_list=("rtx-2", "rtx-1")))
+    seen: list[RunRefusal | None] = []
+    clock = Clock()
+
+    def controller(now: float) -> None:
+        path = paths.job_dir("s1-abcd") / refusal_name("41", 1)
+        seen.append(read_document(RunRefusal, path) if path.exists() else None)
+        if now >= 4.0:
+            write_document(paths.assignment("s1-abcd"), assignment(slurm_restart_count=2))
+
+    clock.on_sleep = controller
+    with pytest.raises(LaunchError) as caught:
+        await_grant(
+            paths, "s1-abcd", replace(allocation, gpus_per_node=0), config, ["rtx-1", "rtx-2"],
+            8.0, poll_s=2.0, clock=clock, sleep=clock.sleep,
+        )  # fmt: skip
+    refusal = seen[0]
+    assert refusal is not None and seen == [refusal, refusal, None, None]
+    run = (refusal.sia_id, refusal.slurm_job_id, refusal.slurm_restart_count)
+    assert run == ("s1-abcd", "41", 1)
+    assert (refusal.node_list, refusal.round_index) == (("rtx-1", "rtx-2"), 7)
+    assert "SLURM_GPUS_ON_NODE=0" in refusal.message
+    assert "written for Slurm job 41 run 2" in str(caught.value)  # then not this run's
+    assert refusals(paths) == []
+
+
+def test_a_refusal_is_withdrawn_when_the_launcher_gives_up(config_path: Path) -> None:
+    paths, allocation, config = grant_args(config_path)
+    write_document(paths.assignment("s1-abcd"), assignment())
+    clock = Clock()
+    clock.on_sleep = lambda now: seen.append(refusals(paths))
+    seen: list[list[str]] = []
+    with pytest.raises(LaunchError, match="SLURM_JOB_PARTITION=t4"):
+        await_grant(
+            paths, "s1-abcd", replace(allocation, partition="t4"), config, ["t4-1", "t4-2"],
+            4.0, poll_s=2.0, clock=clock, sleep=clock.sleep,
+        )  # fmt: skip
+    assert seen == [["refusal-41.1.json"]] * 2
+    assert refusals(paths) == []
+
+
+@pytest.mark.parametrize(
+    "granted",
+    [
+        None,  # none yet
+        assignment(slurm_restart_count=0),  # the run before's: this run's may come late
+        assignment(slurm_job_id="40"),  # another job's
+        assignment(node_list=("rtx-3", "rtx-4")),  # the same identity on other nodes
+    ],
+)
+def test_no_refusal_without_an_assignment_for_this_very_run(
+    config_path: Path, granted: Assignment | None
+) -> None:
+    paths, allocation, config = grant_args(config_path)
+    paths.job_dir("s1-abcd").mkdir(exist_ok=True)
+    if granted is not None:
+        write_document(paths.assignment("s1-abcd"), granted)
+    clock = Clock()
+    seen: list[list[str]] = []
+    clock.on_sleep = lambda now: seen.append(refusals(paths))
+    with pytest.raises(LaunchError):
+        await_grant(
+            paths, "s1-abcd", replace(allocation, gpus_per_node=0), config, ["rtx-1", "rtx-2"],
+            4.0, poll_s=2.0, clock=clock, sleep=clock.sleep,
+        )  # fmt: skip
+    assert seen == [[], []]
 
 
 @pytest.mark.parametrize(
