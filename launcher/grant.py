@@ -180,7 +180,7 @@ def await_grant(
                 raise LaunchError(problem, EXIT_MISMATCH)
             if mine and (problem != said or not refused):
                 assert assignment is not None
-                refused = _refuse(paths, assignment, allocation, hostnames, problem)
+                refused = record_refusal(paths, assignment, allocation, hostnames, problem)
             elif refused and not mine:
                 refused = not _withdraw(paths, sia_id, allocation)
             if problem != said:
@@ -209,7 +209,7 @@ def _names_run(
     )
 
 
-def _refuse(
+def record_refusal(
     paths: StatePaths,
     assignment: Assignment,
     allocation: SlurmAllocation,
