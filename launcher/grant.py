@@ -1,7 +1,9 @@
 """The grant: the controller's assignment for this very Slurm run, checked against what Slurm
 gave it. ``sia-launch`` trains only in the run an assignment names, on what it names
 (partition -> GPU type, node count, GPUs per node, node list); anything else was not granted
-by the controller, which requeues such a run at its next round (``docs/protocol.md``).
+by the controller, which requeues such a run at its next round (``docs/protocol.md``); a
+mismatch only the launcher can see (the assignment is for this very run, Slurm's allocation as
+the batch step sees it is not) is written down for the controller (:class:`RunRefusal`).
 """
 
 from __future__ import annotations

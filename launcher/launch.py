@@ -10,7 +10,9 @@ this process *is* the batch step and receives the controller's SIGUSR1. It
    requeue, an update the controller did not make): it does not train, re-reads the
    assignment every few seconds, and waits for the controller to requeue it (SIGTERM), which
    it does at its next round; only after ``SIA_MISMATCH_WAIT_S`` does it give up (exit 3).
-   A refused run is the controller's to repair, never the job's failure;
+   An assignment for this very run that Slurm's allocation does not match (a mismatch the
+   controller cannot see in ``scontrol``) is also left in ``refusal-<run>.json`` for the
+   controller. A refused run is the controller's to repair, never the job's failure;
 2. unsets the variables sbatch set at submission that went stale when the controller
    resized the pending job (``srun`` would read them as options);
 3. starts the training command under torchrun on every node (one ``srun`` task per node, a
