@@ -116,8 +116,7 @@ def ack_name(round_index: int, slurm_job_id: str, restart_count: int) -> str:
 
 
 def exit_name(slurm_job_id: str, restart_count: int, kind: str = "exit") -> str:
-    """The file name of one Slurm run's :class:`RunExit`: ``exit-<job id>.<restart>.json``
-    (``kind``: another record of the run, such as ``refusal``)."""
+    """One Slurm run's :class:`RunExit` file: ``exit-<job id>.<restart>.json`` (or ``kind``)."""
     if not slurm_job_id.isdigit() or restart_count < 0:
         raise ProtocolError(f"Slurm run {slurm_job_id!r}.{restart_count}: not a job id and count")
     return f"{kind}-{slurm_job_id}.{restart_count}.json"
@@ -413,12 +412,9 @@ class RunExit:
 @dataclass(frozen=True)
 class RunRefusal:
     """A launcher's refusal to train in the very run its assignment names (job id, restart
-    count, ``node_list``): Slurm's allocation, as the batch step sees it (partition, node
-    count, ``SLURM_GPUS_ON_NODE``), is not the assignment, while ``scontrol`` may show the
-    grant (seen after a slurmd restart). Written while the launcher waits; the controller
-    requeues and holds the run it names, if Slurm runs it on those nodes, at its next round.
-    The user owns the file: all it can do is requeue its own job.
-    """
+    count, ``node_list``): Slurm's allocation as the batch step sees it is not the assignment,
+    though ``scontrol`` may show the grant (seen after a slurmd restart). The controller
+    requeues and holds that run at its next round; a user can only requeue their own job."""
 
     sia_id: str
     slurm_job_id: str

@@ -90,10 +90,16 @@ def _symlink(path: Path, job_id: str) -> None:
     os.symlink(elsewhere, path)
 
 
-def _big(path: Path, job_id: str) -> None:
-    payload = to_json(refusal(job_id))
-    payload["message"] = "x" * (64 * 1024)
-    path.write_text(json.dumps(payload))
+def _raw(**fields: Any) -> Callable[[Path, str], None]:
+    """Write the record's JSON with ``fields`` as given (not validated on the way)."""
+
+    def write(path: Path, job_id: str) -> None:
+        path.write_text(json.dumps({**to_json(refusal(job_id)), **fields}))
+
+    return write
+
+
+_big = _raw(message="x" * (64 * 1024))
 
 
 def _write(**overrides: Any) -> Callable[[Path, str], None]:
@@ -108,10 +114,20 @@ def _write(**overrides: Any) -> Callable[[Path, str], None]:
         (_write(sia_id="b"), "names job b Slurm job {job} run 0"),
         (lambda path, job_id: path.write_text("{not json"), "not valid JSON"),
         (lambda path, job_id: path.write_text('{"sia_id": "a"}'), "slurm_job_id: missing"),
+        (_raw(slurm_job_id="../1"), "'../1'.0: not a job id and count"),
         (_symlink, "is a symbolic link (not followed)"),
         (_big, "larger than 65536 bytes"),
     ],
-    ids=["other-run", "other-nodes", "other-job", "not-json", "incomplete", "symlink", "big"],
+    ids=[
+        "other-run",
+        "other-nodes",
+        "other-job",
+        "not-json",
+        "incomplete",
+        "bad-id",
+        "symlink",
+        "big",
+    ],
 )
 def test_a_refusal_for_another_run_or_a_bad_one_is_ignored_and_said(
     fake_slurm: Any, write: Callable[[Path, str], None], said: str
