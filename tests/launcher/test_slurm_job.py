@@ -40,6 +40,7 @@ from sia_slurm.protocol import (
     StopRequest,
     exit_name,
     read_document,
+    refusal_name,
     write_document,
 )
 from sia_slurm.slurm.calls import SlurmCalls
@@ -292,6 +293,10 @@ def test_launcher_refuses_an_allocation_that_is_not_the_assignment(
     assert "assignment.json: gpu_type: rtx, but partition t4 holds t4" in output
     assert "assignment.json: gpus per node: 4 (gpus=4), but SLURM_GPUS_ON_NODE=2" in output
     assert "Traceback" not in output
+    # The assignment names this very run: the refusal was left for a controller meanwhile,
+    # and withdrawn as the launcher gave up.
+    assert f"refusal recorded in {paths.job_dir(sia_id) / refusal_name(job_id, 0)}" in output
+    assert not (paths.job_dir(sia_id) / refusal_name(job_id, 0)).exists()
     # ... and left its record: refused (the controller's to repair), not the job's failure.
     record = read_document(RunExit, paths.job_dir(sia_id) / exit_name(job_id, 0))
     assert (record.cause, record.status) == ("refused", 3)
