@@ -21,13 +21,18 @@ pytestmark = pytest.mark.slurm
 SAVED_S = 7.0  # slurmctld saves its state at most 5 s after a change
 
 
-def wait_for(probe: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
+def wait_for(
+    probe: Callable[[], Any],
+    what: str,
+    timeout_s: float = 60.0,
+    explain: Callable[[], str] = lambda: "",
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s: {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s: {what}\n{explain()}"
         time.sleep(0.2)
 
 
@@ -45,6 +50,16 @@ def in_state(cluster: DevCluster, job_id: str, state: str) -> dict[str, str] | N
 def log_tail(cluster: DevCluster, lines: int = 40) -> str:
     text = cluster.layout.slurmctld_log.read_text(errors="replace")
     return "\n".join(line for line in text.splitlines() if "pmix" not in line)[-6000:]
+
+
+def story(cluster: DevCluster, job_id: str, out: Path, node: str) -> str:
+    """What Slurm says of a job, its start lines, and the daemons' log lines about it."""
+    lines = [f"job: {job(cluster, job_id)}", f"starts: {starts(out)}"]
+    for log in (cluster.layout.slurmctld_log, *cluster.layout.log_dir.glob(f"slurmd*{node}*")):
+        text = log.read_text(errors="replace").splitlines()
+        lines.append(f"--- {log.name}")
+        lines += [line for line in text if job_id in line or "revoke" in line.lower()][-40:]
+    return "\n".join(lines)
 
 
 def starts(out: Path) -> list[str]:
@@ -122,8 +137,9 @@ def test_a_node_that_dies_with_its_jobs_goes_down_and_comes_back(
 
     dev_cluster.start_slurmd("t4-2")
     assert dev_cluster.node_state("t4-2") in ("IDLE", "MIXED", "ALLOCATED")
-    wait_for(lambda: in_state(dev_cluster, job_id, "RUNNING"), "the job running again", 90)
-    wait_for(lambda: starts(out) == ["start 0 1", "start 1 1"], "its second start")
+    explain = lambda: story(dev_cluster, job_id, out, "t4-2")  # noqa: E731
+    wait_for(lambda: in_state(dev_cluster, job_id, "RUNNING"), "the job again", 90, explain)
+    wait_for(lambda: starts(out) == ["start 0 1", "start 1 1"], "its second start", 60, explain)
     assert down_after < 60, f"DOWN only after {down_after:.0f} s"
 
 
