@@ -126,7 +126,10 @@ def test_a_node_that_dies_with_its_jobs_goes_down_and_comes_back(
     job_id, out = submit("t4-2")
     wait_for(lambda: in_state(dev_cluster, job_id, "RUNNING"), "the job to run")
     spool = dev_cluster.layout.spool_dir("t4-2")
-    wait_for(lambda: node_job_processes(spool), "the job's processes (RUNNING comes first)")
+    # Its script's first line, not only its processes: under load slurmstepd runs a while
+    # before the script echoes, and a kill then left only the second start (loaded run 8).
+    wait_for(lambda: starts(out) == ["start 0 1"], "the job's script to run (RUNNING comes first)")
+    wait_for(lambda: node_job_processes(spool), "the job's processes")
     killed_at = time.monotonic()
     killed = dev_cluster.kill_slurmd("t4-2", jobs=True)
     assert killed and not node_job_processes(spool)
