@@ -132,19 +132,31 @@
     legend(box, colourOf);
   }
 
+  // The job table. "GPU-h (sacct)" (Slurm accounting's charge over all of a job's runs) is a
+  // column only when the report has accounting: a report without it (a simulation, --db, a
+  // cluster without slurmdbd, a data file older than the field) has no number for any job.
   function jobTable(data) {
     const tbody = document.querySelector("#jobs-table tbody");
-    const rows = (data.jobs || []).map((j) => [
+    const jobs = data.jobs || [];
+    const accounting = jobs.some((j) => typeof j.accounted_gpu_hours === "number");
+    if (accounting) {
+      document.querySelector("#jobs-table thead tr").appendChild(
+        el("th", { class: "accounted", title: "GPU-hours sacct accounted over all the job's Slurm runs" }, "GPU-h (sacct)"));
+    }
+    const rows = jobs.map((j) => [
       j.id, j.app, j.state, j.gpu_type || "-", j.gpus || 0, j.batch_size || 0,
       j.goodput_predicted, j.goodput_measured, j.restarts || 0,
       j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / 3600,
+      ...(accounting ? [j.accounted_gpu_hours ?? null] : []),
     ]);
-    const numeric = [false, false, false, false, true, true, true, true, true, true];
+    const numeric = [false, false, false, false, true, true, true, true, true, true, true];
+    const digits = [0, 0, 0, 0, 0, 0, 2, 2, 0, 2, 3];
     function draw(sorted) {
       tbody.replaceChildren();
       for (const r of sorted) {
         const tr = el("tr", { class: "job-row" });
-        r.forEach((v, i) => tr.appendChild(el("td", numeric[i] ? { class: "num" } : {}, numeric[i] ? fmt(v, i >= 6 && i !== 8 ? 2 : 0) : String(v))));
+        r.forEach((v, i) => tr.appendChild(el("td", numeric[i] ? { class: i === 10 ? "num accounted" : "num" } : {},
+          numeric[i] ? fmt(v, digits[i]) : String(v))));
         tbody.appendChild(tr);
       }
     }

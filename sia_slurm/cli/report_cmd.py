@@ -3,6 +3,11 @@
 The source is the controller's state database (``--db``, or the ``state_dir`` of ``--config``)
 or a simulation output directory (``--sim``); both become the same neutral
 :class:`~sia_slurm.report.ReportData`, rendered by :func:`~sia_slurm.report.render_site`.
+
+With ``--config`` (and not ``--offline``) the jobs' accounted GPU-hours are asked of Slurm
+accounting by :func:`~sia_slurm.cli.status_cmd.accounted_hours`, the function ``status`` uses,
+so the dashboard and ``status`` decide alike whether accounting is on and charge alike. ``--db``
+alone names no Slurm installation (no ``slurm.bin_dir``, no marker), so it never asks.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import click
 
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.controller_cmd import load_config_or_exit
+from sia_slurm.cli.status_cmd import accounted_hours
 from sia_slurm.report import (
     JobRow,
     ReportData,
@@ -44,6 +50,12 @@ GPUs, batch, predicted and measured goodput, restarts, JCT), the JCT CDF
 and the policy's solve time per round. It needs no server: open
 index.html from disk or serve the folder with any web server.
 --table prints the job table (JCT, GPU type and count history, restarts).
+
+\b
+With --config, where the cluster has Slurm accounting (slurmdbd), the job
+table and --table also show each job's GPU-hours as sacct accounted them
+over all its Slurm runs (joined by the job's comment), as `status` does;
+--offline skips asking sacct. Without accounting the column is left out.
 """
 
 
@@ -78,6 +90,7 @@ index.html from disk or serve the folder with any web server.
 @click.option("--workload", default=None, help="With --sim: which workload (rounds-LABEL.jsonl).")
 @click.option("--title", default=None, help="Title of the page.")
 @click.option("--table", is_flag=True, help="Print the job table to stdout.")
+@click.option("--offline", is_flag=True, help="With --config: do not ask Slurm accounting (sacct).")
 def report_command(
     out: Path | None,
     db_path: Path | None,
@@ -86,6 +99,7 @@ def report_command(
     workload: str | None,
     title: str | None,
     table: bool,
+    offline: bool,
 ) -> None:
     given = [name for name, value in (("--db", db_path), ("--config", config_path),
                                       ("--sim", sim_dir)) if value is not None]  # fmt: skip
@@ -97,8 +111,10 @@ def report_command(
         raise click.UsageError("nothing to do: give --out DIR, --table, or both")
     if workload is not None and sim_dir is None:
         raise click.UsageError("--workload: only with --sim")
+    if offline and config_path is None:
+        raise click.UsageError("--offline: only with --config")
     try:
-        data = _load(db_path, config_path, sim_dir, workload, title)
+        data = _load(db_path, config_path, sim_dir, workload, title, offline)
     except ReportSourceError as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(EXIT_ERROR) from None
@@ -119,13 +135,17 @@ def _load(
     sim_dir: Path | None,
     workload: str | None,
     title: str | None,
+    offline: bool = False,
 ) -> ReportData:
     if sim_dir is not None:
         data = report_from_sim(sim_dir, workload=workload)
         return data if title is None else _retitled(data, title)
     if config_path is not None:
         config = load_config_or_exit(config_path)
-        return report_from_db(config.db_path, state_dir=config.state_dir, title=title)
+        accounted = None if offline else accounted_hours(config)
+        return report_from_db(
+            config.db_path, state_dir=config.state_dir, title=title, accounted=accounted
+        )
     assert db_path is not None
     return report_from_db(db_path, title=title)
 
@@ -149,12 +169,19 @@ def gpu_history(job: JobRow) -> str:
 
 
 def format_table(data: ReportData) -> str:
-    """The job table as fixed-width text, followed by the summary lines."""
-    header = ("job", "app", "state", "JCT", "restarts", "GPU type:count history")
+    """The job table as fixed-width text, followed by the summary lines. The ``GPU-h (sacct)``
+    column (Slurm accounting's charge over all the job's runs) is there only when the report
+    has accounting, as in ``status``."""
+    accounting = any(job.accounted_gpu_hours is not None for job in data.jobs)
+    header = ("job", "app", "state", "JCT", "restarts",
+              *(("GPU-h (sacct)",) if accounting else ()), "GPU type:count history")  # fmt: skip
     rows: list[Sequence[str]] = [header]
     for job in data.jobs:
         jct = "-" if job.jct_s is None else _minutes(job.jct_s)
-        rows.append((job.id, job.app, job.state, jct, str(job.restarts), gpu_history(job)))
+        charged = () if not accounting else (f"{job.accounted_gpu_hours or 0.0:.3f}",)
+        rows.append(
+            (job.id, job.app, job.state, jct, str(job.restarts), *charged, gpu_history(job))
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     lines = [
         "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]])

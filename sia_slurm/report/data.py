@@ -25,7 +25,16 @@ class Segment:
 
 @dataclass(frozen=True)
 class JobRow:
-    """One job in the job table and the timeline; ``jct_s`` is ``None`` until it finishes."""
+    """One job in the job table and the timeline; ``jct_s`` is ``None`` until it finishes.
+
+    ``accounted_gpu_hours`` is what Slurm accounting (``sacct``) charged the job over all its
+    Slurm runs, joined by the job's comment (0.0 for a job sacct has no run of yet). It is
+    ``None`` wherever there is no accounting to ask: a simulation, a cluster without slurmdbd,
+    a report read from ``--db`` or ``--offline``, and data files written before the field
+    existed. The site then leaves the column out altogether rather than show a column of
+    dashes: "no accounting" is a property of the whole report, not of a job, and the
+    summary's absent ``GPU-h (sacct)`` entry already says it.
+    """
 
     id: str
     app: str
@@ -40,6 +49,7 @@ class JobRow:
     finish_time: float | None = None
     jct_s: float | None = None
     segments: tuple[Segment, ...] = ()
+    accounted_gpu_hours: float | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ What comes from where (schema: :mod:`sia_slurm.state.store`):
   shape times the statistical efficiency of its gradient statistics at its batch, relative to
   M0. Reports of finished jobs are dropped from the database, so for them the job's metrics
   file (``<state_dir>/jobs/<id>/metrics.json``, the last report the job wrote) is read when
-  a state directory is given.
+  a state directory is given;
+* the *accounted* GPU-hours of a job, when the caller passes what Slurm accounting charged
+  each job over all its Slurm runs (``sia-slurm report --config`` asks ``sacct`` exactly as
+  ``sia-slurm status`` does); without it every row's ``accounted_gpu_hours`` is ``None``.
 
 Times are shown in seconds since the first submission. The database is opened read-only in
 spirit (nothing is written; the store's open never migrates an up-to-date schema).
@@ -26,7 +29,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sia_slurm.model.efficiency import GradientStats, efficiency
@@ -57,10 +60,19 @@ class _DecisionPoint:
 
 
 def report_from_db(
-    db_path: Path, *, state_dir: Path | None = None, title: str | None = None
+    db_path: Path,
+    *,
+    state_dir: Path | None = None,
+    title: str | None = None,
+    accounted: Mapping[str, float] | None = None,
 ) -> ReportData:
     """Read ``db_path`` (and optionally the jobs' last metrics files under ``state_dir``) into
-    a :class:`ReportData`."""
+    a :class:`ReportData`.
+
+    ``accounted``: GPU-hours per sia job from Slurm accounting (``None``: no accounting). A
+    job sacct has no run of (never started, or its runs not yet recorded) is charged 0.0, as
+    ``status`` shows it.
+    """
     try:
         store = Store.open(Path(db_path), create=False)
     except StoreError as exc:
@@ -87,6 +99,8 @@ def report_from_db(
         _job_row(job, decisions.get(job.sia_id, []), reports.get(job.sia_id), origin, end)
         for job in sorted(jobs, key=lambda j: (j.submit_time or 0.0, j.sia_id))
     )
+    if accounted is not None:
+        rows = tuple(replace(row, accounted_gpu_hours=accounted.get(row.id, 0.0)) for row in rows)
     points = tuple(_round_point(r, origin) for r in rounds)
     return ReportData(
         title=title or f"sia-slurm: {Path(db_path).parent.name or db_path}",
@@ -290,7 +304,8 @@ def measured_goodput(report: MetricsReport, init_batch_size: int) -> float:
 def summary_pairs(
     jobs: Sequence[JobRow], rounds: Sequence[RoundPoint], extra: Mapping[str, str] | None = None
 ) -> tuple[tuple[str, str], ...]:
-    """Jobs done, average and p99 JCT, makespan, restarts per job, median solve time."""
+    """Jobs done, average and p99 JCT, makespan, restarts per job, the GPU-hours Slurm
+    accounting charged (when known), median solve time."""
     jcts = sorted(j.jct_s for j in jobs if j.jct_s is not None)
     done = [j for j in jobs if j.jct_s is not None and j.finish_time is not None]
     pairs: list[tuple[str, str]] = [("jobs", f"{len(done)}/{len(jobs)} done")]
@@ -302,6 +317,9 @@ def summary_pairs(
         pairs.append(("makespan", _duration(finish - start)))
     if jobs:
         pairs.append(("restarts/job", f"{sum(j.restarts for j in jobs) / len(jobs):.2f}"))
+    accounted = [j.accounted_gpu_hours for j in jobs if j.accounted_gpu_hours is not None]
+    if accounted:  # Slurm accounting's charge, all runs of all jobs (absent without it)
+        pairs.append(("GPU-h (sacct)", f"{sum(accounted):.3f}"))
     solve = sorted(r.solve_ms for r in rounds if r.solve_ms is not None)
     if solve:
         pairs.append(("rounds", str(len(rounds))))

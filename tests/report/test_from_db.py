@@ -3,7 +3,9 @@ read back by ``report_from_db``, rendered, and loaded in headless Chromium."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -26,6 +28,7 @@ from sia_slurm.state import Store  # noqa: E402
 from tests.report.test_site import run_chromium  # noqa: E402
 from tests.service.fakes import FakeCluster, write_config  # noqa: E402
 
+FIXTURES = REPO / "tests" / "fixtures" / "slurm-22.05"
 T0 = 1_700_000_000.0  # a wall-clock origin, as the real controller records
 
 
@@ -107,23 +110,86 @@ def test_measured_goodput_is_throughput_times_efficiency() -> None:
     assert measured_goodput(report, 64) == pytest.approx(128 / 0.9 * 0.8)
 
 
+# sacct's runs as captured on 22.05 (tests/fixtures/slurm-22.05/sacct-runs.txt), the fixture's
+# jobs renamed to this run's: mv-1 (requeued, then resubmitted) is job0, b1 is late; b2 is no
+# job of this database and must not appear.
+SACCT_RUNS = (
+    (FIXTURES / "sacct-runs.txt").read_text().replace(":mv-1|", ":job0|").replace(":b1|", ":late|")
+)
+ACCOUNTED = {"job0": (2 * 4 + 2 * 17 + 1 * 3) / 3600, "late": 4 * 30 / 3600, "job1": 0.0}
+
+
+@pytest.fixture
+def accounting_config(finished_run: SiaConfig, tmp_path: Path) -> Path:
+    """The run's config with ``slurm.bin_dir`` naming a fake ``scontrol`` (accounting on) and
+    a fake ``sacct`` printing :data:`SACCT_RUNS`: what ``status`` and ``report`` both ask."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    runs = tmp_path / "sacct-runs.txt"
+    runs.write_text(SACCT_RUNS)
+    scripts = {
+        "scontrol": 'echo "AccountingStorageType   = accounting_storage/slurmdbd"',
+        "sacct": f"cat {runs}",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    assert finished_run.path is not None
+    path = finished_run.path.parent / f"sia-{tmp_path.name}.yaml"
+    path.write_text(finished_run.path.read_text() + f"slurm:\n  bin_dir: {bin_dir}\n")
+    return path
+
+
+def test_accounted_gpu_hours_are_per_job_and_absent_without_accounting(
+    finished_run: SiaConfig,
+) -> None:
+    data = report_from_db(finished_run.db_path, accounted={"job0": 0.25, "other": 9.0})
+    hours = {job.id: job.accounted_gpu_hours for job in data.jobs}
+    assert hours == {"job0": 0.25, "job1": 0.0, "job2": 0.0, "late": 0.0}  # no runs: 0.0
+    assert ("GPU-h (sacct)", "0.250") in data.summary  # "other" is no job of this run
+    assert data.to_json()["jobs"][0]["accounted_gpu_hours"] == 0.25
+    without = report_from_db(finished_run.db_path)
+    assert {job.accounted_gpu_hours for job in without.jobs} == {None}
+    assert "GPU-h (sacct)" not in dict(without.summary)
+
+
+def test_offline_report_does_not_ask_sacct(accounting_config: Path) -> None:
+    result = CliRunner().invoke(cli, ["report", "--config", str(accounting_config), "--offline",
+                                      "--table"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "GPU-h (sacct)" not in result.output
+    stray = CliRunner().invoke(cli, ["report", "--db", "a", "--table", "--offline"])
+    assert stray.exit_code == 2 and "--offline: only with --config" in stray.output
+
+
 def test_rendered_database_report_loads_in_chromium(
-    finished_run: SiaConfig, tmp_path: Path
+    finished_run: SiaConfig, accounting_config: Path, tmp_path: Path
 ) -> None:
     result = CliRunner().invoke(
         cli,
-        ["report", "--config", str(finished_run.path), "--out", str(tmp_path / "s"), "--table"],
+        ["report", "--config", str(accounting_config), "--out", str(tmp_path / "s"), "--table"],
     )
     assert result.exit_code == 0, result.output
     assert "dashboard:" in result.output and "(4 jobs," in result.output
     table = result.output.splitlines()
-    assert table[0].split()[:5] == ["job", "app", "state", "JCT", "restarts"]
+    assert table[0].split()[:7] == ["job", "app", "state", "JCT", "restarts", "GPU-h", "(sacct)"]
     assert any(line.startswith("late ") and " done " in line for line in table)
+    # The text table and the site's data both carry what sacct charged each job, over all its
+    # Slurm runs (job0's three runs under two Slurm job ids), 0.0 for a job without runs.
+    for sia_id in ("job0", "late", "job1"):
+        line = next(line for line in table if line.startswith(f"{sia_id} "))
+        assert f" {ACCOUNTED[sia_id]:.3f} " in line, line
+    site = json.loads((tmp_path / "s" / "report.json").read_text())
+    hours = {job["id"]: job["accounted_gpu_hours"] for job in site["jobs"]}
+    assert hours == pytest.approx({**ACCOUNTED, "job2": 0.0})
     dom = run_chromium("--dump-dom", (tmp_path / "s" / "index.html").as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'data-rendered="yes"' in dom.stdout
     assert dom.stdout.count('class="job-row"') == 4
     assert dom.stdout.count('class="alloc-area"') == 2
+    assert ">GPU-h (sacct)</th>" in dom.stdout
+    cells = re.findall(r'<td class="num accounted">([^<]*)</td>', dom.stdout)
+    assert sorted(cells) == sorted(f"{h:.3f}" for h in hours.values()), cells
     console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console
 

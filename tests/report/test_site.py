@@ -74,6 +74,12 @@ def sample(jobs: int = 5) -> ReportData:
 
 def test_site_loads_without_console_errors(tmp_path: Path) -> None:
     index = render_site(sample(5), tmp_path / "site")
+    # A data file written before jobs had accounted GPU-hours (the field absent, not null)
+    # renders as a report without accounting: no sacct column.
+    data_js = index.parent / "data.js"
+    old = data_js.read_text().replace(',"accounted_gpu_hours":null', "")
+    assert "accounted_gpu_hours" not in old
+    data_js.write_text(old)
     result = run_chromium("--dump-dom", index.as_uri())
     assert result.returncode == 0, result.stderr[-2000:]
     dom = result.stdout
@@ -82,6 +88,7 @@ def test_site_loads_without_console_errors(tmp_path: Path) -> None:
     assert len(re.findall(r'class="alloc-area"', dom)) == 2  # one area per GPU type
     assert dom.count('class="segment"') == 5
     assert 'class="cdf"' in dom
+    assert "GPU-h (sacct)" not in dom and dom.count("<th>") == 10 + 5  # jobs + cluster tables
     console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console
     screenshot = tmp_path / "shot.png"
