@@ -189,7 +189,8 @@ def test_grptres_account_never_gets_more_than_its_limit(
             assert running <= LIMIT, [(j.job_id, j.state, j.gpus_per_node) for j in mine]
             assert not [j for j in mine if j.reason == "AssocGrpGRES"], mine
         # status says where the shares come from and what sacct accounted to each job, over
-        # all its Slurm runs (joined by the comment).
+        # all its Slurm runs (joined by the comment); so does the dashboard.
+        asked_at = time.monotonic()
         status = subprocess.run(
             [*site.argv()[:5], sys.executable, "-m", "sia_slurm.cli", "status", "--config",
              str(config_path), "--json"],
@@ -201,6 +202,24 @@ def test_grptres_account_never_gets_more_than_its_limit(
         accounted = {j["sia_id"]: j["accounted_gpu_hours"] for j in data["jobs"]}
         assert set(accounted) == limited | {"phys-1"}
         assert all(hours is not None and hours >= 0 for hours in accounted.values()), accounted
+        # The dashboard's data (what site/app.js reads) carries the same charge per job. The
+        # jobs still run, so sacct's charge grows between the two reads, by at most the
+        # cluster's 8 GPUs for the time between them (plus a second of rounding per run).
+        dashboard = paths.state_dir / "dashboard"  # the service account's to write
+        subprocess.run(
+            [*site.argv()[:5], sys.executable, "-m", "sia_slurm.cli", "report", "--config",
+             str(config_path), "--out", str(dashboard)],
+            env=site.env(), cwd=shared_tmp_path, capture_output=True, text=True, timeout=120,
+            check=True,
+        )  # fmt: skip
+        between_s = time.monotonic() - asked_at
+        shown = json.loads((dashboard / "report.json").read_text())
+        charged = {j["id"]: j["accounted_gpu_hours"] for j in shown["jobs"]}
+        assert set(charged) == set(accounted), (charged, accounted)
+        assert all(charged[job] >= accounted[job] for job in accounted), (charged, accounted)
+        assert sum(charged.values()) > 0, charged  # the jobs have run (they grew)
+        grown = sum(charged.values()) - sum(accounted.values())
+        assert grown <= 8 * (between_s + 2) / 3600, (charged, accounted, between_s)
     finally:
         if site.slurm_ids:
             site.run(["scancel", *site.slurm_ids], check=False)
