@@ -18,8 +18,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from sia_slurm.accounts import SiteAccounting
-from sia_slurm.core import Configuration
-from sia_slurm.policy.base import NodeShare, NodeView
+from sia_slurm.core import Configuration, NodeShare, NodeView
 from sia_slurm.protocol import JobSpec, MetricsReport
 
 

@@ -5,7 +5,9 @@ policies (``sia_slurm.policy``): a policy asks a job's :class:`GoodputEstimator`
 of configurations in one call and gets a :class:`GoodputRow` back. Nothing here does I/O.
 
 Names follow the Sia paper: a *configuration* is (GPU type, nodes, GPUs); *goodput* is
-throughput x statistical efficiency.
+throughput x statistical efficiency. The cluster's own words live here too (:class:`NodeView`,
+:class:`NodeShare`), so the cluster interface, the Slurm backend and the state store name a node
+without importing the policies.
 """
 
 from __future__ import annotations
@@ -77,3 +79,33 @@ class GoodputEstimator(Protocol):
     def evaluate(
         self, configs: Sequence[Configuration], *, fixed_batch: bool = False
     ) -> GoodputRow: ...
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node as the scheduler sees it this round.
+
+    ``usable_gpus`` is what managed jobs may hold: 0 for a node that is down or drained,
+    ``total_gpus`` minus GPUs held by unmanaged jobs otherwise (GPUs held by managed jobs count
+    as usable, since the policy may move those jobs).
+    """
+
+    name: str
+    gpu_type: str
+    total_gpus: int
+    usable_gpus: int
+
+    def __post_init__(self) -> None:
+        if self.total_gpus < 1 or not 0 <= self.usable_gpus <= self.total_gpus:
+            raise ValueError(
+                f"node {self.name}: need total_gpus >= 1 and 0 <= usable_gpus <= total_gpus, "
+                f"got total_gpus={self.total_gpus} usable_gpus={self.usable_gpus}"
+            )
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """``gpus`` GPUs of node ``node`` held by one job."""
+
+    node: str
+    gpus: int

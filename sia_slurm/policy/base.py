@@ -17,30 +17,15 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Protocol
 
-from sia_slurm.core import Configuration, GoodputEstimator, GoodputRow, JobKind
+from sia_slurm.core import (
+    Configuration,
+    GoodputEstimator,
+    GoodputRow,
+    JobKind,
+    NodeShare,
+    NodeView,
+)
 from sia_slurm.policy.limits import GpuLimit
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """One node as the scheduler sees it this round.
-
-    ``usable_gpus`` is what managed jobs may hold: 0 for a node that is down or drained,
-    ``total_gpus`` minus GPUs held by unmanaged jobs otherwise (GPUs held by managed jobs count
-    as usable, since the policy may move those jobs).
-    """
-
-    name: str
-    gpu_type: str
-    total_gpus: int
-    usable_gpus: int
-
-    def __post_init__(self) -> None:
-        if self.total_gpus < 1 or not 0 <= self.usable_gpus <= self.total_gpus:
-            raise ValueError(
-                f"node {self.name}: need total_gpus >= 1 and 0 <= usable_gpus <= total_gpus, "
-                f"got total_gpus={self.total_gpus} usable_gpus={self.usable_gpus}"
-            )
 
 
 @dataclass(frozen=True)
@@ -108,14 +93,6 @@ class ClusterView:
     @property
     def total_capacity(self) -> int:
         return sum(view.capacity for view in self.types.values())
-
-
-@dataclass(frozen=True)
-class NodeShare:
-    """``gpus`` GPUs of node ``node`` held by one job."""
-
-    node: str
-    gpus: int
 
 
 @dataclass(frozen=True)

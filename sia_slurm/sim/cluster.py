@@ -53,8 +53,7 @@ from sia_slurm.cluster import (
     Start,
     Stop,
 )
-from sia_slurm.core import Configuration
-from sia_slurm.policy.base import NodeShare, NodeView
+from sia_slurm.core import Configuration, NodeShare, NodeView
 from sia_slurm.protocol import JobSpec, MetricsReport
 from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.clusterfile import ClusterSpec

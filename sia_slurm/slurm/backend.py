@@ -33,8 +33,7 @@ from sia_slurm.cluster import (
     JobSnapshot,
 )
 from sia_slurm.config import SiaConfig
-from sia_slurm.core import Configuration
-from sia_slurm.policy.base import NodeShare, NodeView
+from sia_slurm.core import Configuration, NodeShare, NodeView
 from sia_slurm.protocol import (
     Assignment,
     JobSpec,

@@ -22,8 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sia_slurm.cluster import JobPhase
-from sia_slurm.core import Configuration
-from sia_slurm.policy.base import NodeShare
+from sia_slurm.core import Configuration, NodeShare
 from sia_slurm.protocol import SIA_ID, Assignment, ExitCause, ProtocolError, RunExit, RunRefusal
 from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
 from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sia_slurm.cluster import Action, BatchChoice, Move, Rebatch, Start, Stop
-from sia_slurm.core import Configuration
-from sia_slurm.policy.base import NodeShare
+from sia_slurm.core import Configuration, NodeShare
 
 ACTION_KINDS: dict[type, str] = {Start: "start", Move: "move", Stop: "stop", Rebatch: "rebatch"}
 

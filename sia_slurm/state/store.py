@@ -34,7 +34,7 @@ from typing import Any
 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Decision, RoundOutcome
-from sia_slurm.policy.base import NodeView
+from sia_slurm.core import NodeView
 from sia_slurm.protocol import to_json
 from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
 
