@@ -8,32 +8,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sia_slurm.devcluster import DevCluster, DevClusterError, DevClusterSpec
 from sia_slurm.devcluster.process import node_job_processes
 from sia_slurm.slurm.inventory import parse_records
+from tests.e2e.test_controller_live import wait_for
 
 pytestmark = pytest.mark.slurm
 
 SAVED_S = 7.0  # slurmctld saves its state at most 5 s after a change
-
-
-def wait_for(
-    probe: Callable[[], Any],
-    what: str,
-    timeout_s: float = 60.0,
-    explain: Callable[[], str] = lambda: "",
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s: {what}\n{explain()}"
-        time.sleep(0.2)
 
 
 def job(cluster: DevCluster, job_id: str) -> dict[str, str]:
@@ -141,8 +126,12 @@ def test_a_node_that_dies_with_its_jobs_goes_down_and_comes_back(
     dev_cluster.start_slurmd("t4-2")
     assert dev_cluster.node_state("t4-2") in ("IDLE", "MIXED", "ALLOCATED")
     explain = lambda: story(dev_cluster, job_id, out, "t4-2")  # noqa: E731
-    wait_for(lambda: in_state(dev_cluster, job_id, "RUNNING"), "the job again", 90, explain)
-    wait_for(lambda: starts(out) == ["start 0 1", "start 1 1"], "its second start", 60, explain)
+    wait_for(
+        lambda: in_state(dev_cluster, job_id, "RUNNING"), "the job again", 90, diagnose=explain
+    )
+    wait_for(
+        lambda: starts(out) == ["start 0 1", "start 1 1"], "its second start", 60, diagnose=explain
+    )
     assert down_after < 60, f"DOWN only after {down_after:.0f} s"
 
 
