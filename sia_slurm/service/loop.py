@@ -18,16 +18,16 @@ import math
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from sia_slurm.clock import WALL_CLOCK, Clock
 from sia_slurm.config import SiaConfig
 from sia_slurm.service.build import BackendFactory, ServiceError, build_backend, open_controller
 from sia_slurm.service.lock import ControllerLock
-from sia_slurm.service.round import Clock, RoundReport, run_round
+from sia_slurm.service.round import RoundReport, run_round
 from sia_slurm.state import Store
 from sia_slurm.state.tree import prepare as prepare_tree
 
@@ -129,7 +129,7 @@ def run_loop(
     period: float,
     stop: threading.Event,
     *,
-    clock: Clock = time.time,
+    clock: Clock = WALL_CLOCK,
     max_rounds: int | None = None,
 ) -> list[RoundReport]:
     """Call ``one_round`` now and at every multiple of ``period`` until ``stop`` is set."""
@@ -143,7 +143,7 @@ def run_loop(
             logger.exception("round failed: %s; the next round runs on schedule", exc)
         if max_rounds is not None and attempts >= max_rounds:
             break
-        if stop.wait(max(next_round_time(clock(), period) - clock(), 0.0)):
+        if stop.wait(max(next_round_time(clock.now(), period) - clock.now(), 0.0)):
             break
     logger.info("controller loop stopped after %d round(s)", attempts)
     return reports

@@ -24,9 +24,10 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sia_slurm.clock import WALL_CLOCK, Clock
 from sia_slurm.cluster import Action, ActionResult, ClusterBackend, ClusterSnapshot, JobPhase
 from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
@@ -38,7 +39,6 @@ from sia_slurm.state.store import gpus_by_type, jobs_by_phase
 
 logger = logging.getLogger(__name__)
 
-Clock = Callable[[], float]
 PRUNE_EVERY = 60  # rounds between prunings of old history
 # A journaled action whose apply raised this many times is given up (marked failed, logged at
 # ERROR, shown by `status`): a poison action must not be retried, or block a round, for ever.
@@ -84,7 +84,7 @@ def run_round(
     controller: Controller,
     dry_run: bool,
     *,
-    clock: Clock = time.time,
+    clock: Clock = WALL_CLOCK,
 ) -> RoundReport:
     """Run one round against ``backend``; see the module docstring for the order of things.
 
@@ -222,7 +222,7 @@ def _record(
 ) -> list[int]:
     """The one commit that must precede ``apply``: jobs, round, decisions, the controller's
     memory and the journaled actions."""
-    now = clock()
+    now = clock.now()
     with store.transaction():
         store.record_jobs(snapshot)
         store.record_round(outcome, snapshot, dry_run=dry_run, wall_time=now, timings=timings)
@@ -261,7 +261,7 @@ def _apply(
     settled = _match(actions, ids, results)
     with store.transaction():
         for entry_id, result in settled:
-            journal.mark(entry_id, result.ok, result.message, clock())
+            journal.mark(entry_id, result.ok, result.message, clock.now())
     for entry_id, result in settled:
         log_action(
             result.action, "done" if result.ok else "failed", result.message, journal_id=entry_id
@@ -291,7 +291,7 @@ def _match(
 
 
 def reconcile(
-    store: Store, backend: ClusterBackend, *, dry_run: bool, clock: Clock = time.time
+    store: Store, backend: ClusterBackend, *, dry_run: bool, clock: Clock = WALL_CLOCK
 ) -> ReconcileReport:
     """Settle the journal's ``pending`` entries left by a crash or a failed ``apply``.
 
@@ -316,7 +316,7 @@ def reconcile(
     seen = snapshot.reports
     live = {job.sia_id for job in snapshot.jobs if not job.phase.finished}
     retry = []
-    now = clock()
+    now = clock.now()
     with store.transaction():
         for entry in pending:
             if entry.action is None:
@@ -354,7 +354,7 @@ def reconcile(
     settled = _match(actions, ids, results)
     with store.transaction():
         for entry_id, result in settled:
-            journal.mark(entry_id, result.ok, f"re-applied: {result.message}".strip(), clock())
+            journal.mark(entry_id, result.ok, f"re-applied: {result.message}".strip(), clock.now())
     for entry_id, result in settled:
         log_action(
             result.action,
@@ -422,7 +422,7 @@ def _finish(
         this_round[key] = this_round.get(key, 0) + 1
     metrics = RoundMetrics(
         round_index=outcome.round_index,
-        round_time=clock(),
+        round_time=clock.now(),
         dry_run=dry_run,
         timings=timings,
         solve_seconds=outcome.allocation.info.solve_seconds,

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from sia_slurm.clock import Clock
 from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import (
@@ -56,7 +57,6 @@ from sia_slurm.protocol import (
 from sia_slurm.slurm import commands, timelimit
 from sia_slurm.slurm.accounting import AccountingReader
 from sia_slurm.slurm.calls import SlurmCalls
-from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.commands import Shape
 from sia_slurm.slurm.jobfiles import DocumentCache
 from sia_slurm.slurm.jsonparse import SlurmJob

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sia_slurm.clock import Clock, WallClock
 from sia_slurm.cluster import (
     Action,
     ActionResult,
@@ -50,7 +51,6 @@ from sia_slurm.protocol import (
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.accounting import AccountingReader, user_name
 from sia_slurm.slurm.actuate import Actuator
-from sia_slurm.slurm.clock import Clock, WallClock
 from sia_slurm.slurm.enforce import Enforcement, enforce
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
 from sia_slurm.slurm.jobfiles import (

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
+from sia_slurm.clock import Clock
 from sia_slurm.config import SiaConfig
 from sia_slurm.slurm.backend import JobsView, SlurmBackend, build_view
-from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.jsonparse import SlurmParseError, parse_job
 from sia_slurm.slurm.runner import CommandRunner
 

@@ -16,10 +16,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sia_slurm.clock import Clock
 from sia_slurm.cluster import Move, Stop
 from sia_slurm.protocol import ProtocolError, StatePaths, StopRequest, ack_name, read_document
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.clock import Clock
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 from sia_slurm.userfiles import JobDirectory

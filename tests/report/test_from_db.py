@@ -32,6 +32,19 @@ FIXTURES = REPO / "tests" / "fixtures" / "slurm-22.05"
 T0 = 1_700_000_000.0  # a wall-clock origin, as the real controller records
 
 
+class ClusterTime:
+    """The fake cluster's time as the rounds' clock (it never sleeps: the test advances it)."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+
+    def now(self) -> float:
+        return self.cluster.time
+
+    def sleep(self, seconds: float) -> None:
+        raise AssertionError("a round of the fake run should not sleep")
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> SiaConfig:
     """Three jobs (one submitted late) scheduled round by round until all are done."""
@@ -45,7 +58,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> SiaConfig:
             if index == 2:
                 cluster.submit(JobSpec("late", "cifar10", submit_time=cluster.time), 2e5)
             controller, _ = open_controller(config, store)
-            run_round(config, cluster, store, controller, False, clock=lambda: cluster.time)
+            run_round(config, cluster, store, controller, False, clock=ClusterTime(cluster))
             if all(job.phase == "done" for job in cluster.jobs.values()):
                 break
             cluster.advance(60.0)

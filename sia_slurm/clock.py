@@ -1,4 +1,8 @@
-"""The backend's clock: wall time and sleeping, injectable so tests need not wait."""
+"""The clock: wall time and sleeping, injectable so tests need not wait.
+
+One for the whole controller: the Slurm backend sleeps on it while it polls Slurm, the
+service's rounds stamp the journal and the round's time with it, the loop waits for the next
+round by it. Unit tests pass a fake one."""
 
 from __future__ import annotations
 
@@ -22,3 +26,6 @@ class WallClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(max(seconds, 0.0))
+
+
+WALL_CLOCK = WallClock()
