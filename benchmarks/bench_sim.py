@@ -35,7 +35,7 @@ from typing import Any
 from blas import single_threaded
 from scaled_workload import scaled_cluster_text, scaled_rows
 
-import sia_slurm.controller.round as controller_round
+import sia_slurm.controller.decide as controller_round
 import sia_slurm.policy.sia as sia_policy
 from sia_slurm.model.estimator import JobGoodputEstimator
 from sia_slurm.sim.inputs import load_inputs, load_sim_workloads

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import sia_slurm.controller.round as controller_round
+import sia_slurm.controller.decide as controller_round
 import sia_slurm.policy.sia as sia_policy
 from sia_slurm.policy.base import Allocation, PolicyInput
 from sia_slurm.policy.entitlement import Entitlement, entitlements, owed_gpus

@@ -3,7 +3,8 @@
 Two implementations share it, so the simulator and production run the same controller round:
 
 * :class:`sia_slurm.slurm.backend.SlurmBackend` — a real Slurm (``squeue``/``sinfo``/``scontrol``);
-* :class:`sia_slurm.sim.cluster.SimulatedCluster` — trace-driven ground truth on a simulated clock.
+* :class:`sia_slurm.sim.simulated_cluster.SimulatedCluster` — trace-driven ground truth on a
+  simulated clock.
 
 A round is ``backend.snapshot()`` -> :class:`sia_slurm.controller.Controller.round` ->
 ``backend.apply(actions)``. Snapshots and actions are frozen values, so a round can be logged,

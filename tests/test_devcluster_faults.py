@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
 from sia_slurm.devcluster import DevCluster, DevClusterError, DevClusterSpec
-from sia_slurm.devcluster.cluster import (
+from sia_slurm.devcluster.lifecycle import (
     _registered,
     _responding,
     _schedulable,

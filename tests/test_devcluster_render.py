@@ -13,7 +13,7 @@ from sia_slurm.config import parse_config
 from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_config
 from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.chroot import ChrootError, HostPrograms
-from sia_slurm.devcluster.cluster import DevCluster, DevClusterError
+from sia_slurm.devcluster.lifecycle import DevCluster, DevClusterError
 from sia_slurm.devcluster.render import (
     ClusterLayout,
     PowerSavingConfig,

@@ -21,7 +21,7 @@ from sia_slurm.devcluster.accounts_spec import (
     AccountingSpecError,
 )
 from sia_slurm.devcluster.chroot import SYSTEM
-from sia_slurm.devcluster.cluster import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
+from sia_slurm.devcluster.lifecycle import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
 from sia_slurm.devcluster.roots import (
     CACHE_ENV,
     DEFAULT_CACHE_DIR,

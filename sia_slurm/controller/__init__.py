@@ -4,8 +4,8 @@
 :class:`EstimatorFactory` builds each new job's goodput model from the site's profiles.
 """
 
+from sia_slurm.controller.decide import Controller, Decision, RoundOutcome
 from sia_slurm.controller.jobs import EstimatorFactory, JobRecord, UnknownAppError
-from sia_slurm.controller.round import Controller, Decision, RoundOutcome
 
 __all__ = [
     "Controller",

@@ -16,8 +16,8 @@ slurm.conf choices that make a dead slurmd's node go DOWN in ~26 s and come back
 (SlurmdTimeout, ReturnToService) are explained in ``render``; the operations live in ``faults``.
 """
 
-from sia_slurm.devcluster.cluster import DevCluster, DevClusterError
 from sia_slurm.devcluster.controller_config import controller_config
+from sia_slurm.devcluster.lifecycle import DevCluster, DevClusterError
 from sia_slurm.devcluster.spec import DEFAULT_SPEC, DevClusterSpec, NodeGroupSpec
 
 __all__ = [

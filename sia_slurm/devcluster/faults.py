@@ -2,7 +2,7 @@
 dev cluster (``DevCluster`` inherits them from :class:`DaemonFaults`), and what ``cluster.json``
 records (:class:`Recorded`).
 
-Kept apart from :mod:`sia_slurm.devcluster.cluster` (bringing a cluster up and down) so each
+Kept apart from :mod:`sia_slurm.devcluster.lifecycle` (bringing a cluster up and down) so each
 reads on its own; the mixin uses the cluster's own steps (its record, runner and daemon
 starters), declared below for the reader and the type checker.
 """

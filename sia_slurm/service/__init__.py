@@ -13,6 +13,7 @@ from sia_slurm.service.build import (
     estimator_factory,
     open_controller,
 )
+from sia_slurm.service.journaled_round import ReconcileReport, RoundReport, reconcile, run_round
 from sia_slurm.service.lock import EXIT_LOCKED, ControllerLock, LockHeldError
 from sia_slurm.service.logs import JsonFormatter, configure_logging
 from sia_slurm.service.loop import (
@@ -22,7 +23,6 @@ from sia_slurm.service.loop import (
     run_loop,
     run_service,
 )
-from sia_slurm.service.round import ReconcileReport, RoundReport, reconcile, run_round
 
 __all__ = [
     "EXIT_LOCKED",

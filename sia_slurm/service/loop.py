@@ -26,8 +26,8 @@ from types import FrameType
 from sia_slurm.clock import WALL_CLOCK, Clock
 from sia_slurm.config import SiaConfig
 from sia_slurm.service.build import BackendFactory, ServiceError, build_backend, open_controller
+from sia_slurm.service.journaled_round import RoundReport, run_round
 from sia_slurm.service.lock import ControllerLock
-from sia_slurm.service.round import RoundReport, run_round
 from sia_slurm.state import Store
 from sia_slurm.state.tree import prepare as prepare_tree
 

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
         default_workloads_dir,
     )
     from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
-    from sia_slurm.sim.cluster import SimJobSpec, SimulatedCluster
     from sia_slurm.sim.clusterfile import (
         ClusterError,
         ClusterGpuType,
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
     from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
     from sia_slurm.sim.restart import RestartDelay, restart_delay
     from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
+    from sia_slurm.sim.simulated_cluster import SimJobSpec, SimulatedCluster
     from sia_slurm.sim.workload import (
         Workload,
         WorkloadError,
@@ -71,8 +71,8 @@ _MODULE_OF = {
     "AppTruth": "apptruth",
     "SimInputError": "apptruth",
     "load_truths": "apptruth",
-    "SimJobSpec": "cluster",
-    "SimulatedCluster": "cluster",
+    "SimJobSpec": "simulated_cluster",
+    "SimulatedCluster": "simulated_cluster",
     "ClusterError": "clusterfile",
     "ClusterGpuType": "clusterfile",
     "ClusterSpec": "clusterfile",

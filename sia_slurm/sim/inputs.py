@@ -29,8 +29,8 @@ from sia_slurm.model.profile import ProfileError, ProfileSet, load_profiles
 from sia_slurm.protocol import JobSpec, ProtocolError, check_sia_id
 from sia_slurm.sim.apps import APPS, default_traces_dir
 from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
-from sia_slurm.sim.cluster import SimJobSpec
 from sia_slurm.sim.clusterfile import ClusterError, ClusterSpec, load_cluster
+from sia_slurm.sim.simulated_cluster import SimJobSpec
 from sia_slurm.sim.workload import Workload, WorkloadError, WorkloadJob, load_workloads
 
 

@@ -33,10 +33,10 @@ from sia_slurm.controller import Controller, EstimatorFactory, RoundOutcome
 from sia_slurm.policy.registry import config_type, make_policy
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.sim.apptruth import AppTruth
-from sia_slurm.sim.cluster import SimulatedCluster
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
 from sia_slurm.sim.metrics import JobOutcome, WorkloadMetrics, workload_metrics
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
+from sia_slurm.sim.simulated_cluster import SimulatedCluster
 from sia_slurm.sim.workload import Workload
 
 DAY = 86400.0

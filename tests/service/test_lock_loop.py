@@ -21,7 +21,7 @@ from sia_slurm.service import (
     next_round_time,
     run_loop,
 )
-from sia_slurm.service.round import ReconcileReport, RoundReport
+from sia_slurm.service.journaled_round import ReconcileReport, RoundReport
 from sia_slurm.state import Store
 from tests.service.fakes import FakeCluster, write_config
 from tests.service.test_crash import DRIVER, driver, populate

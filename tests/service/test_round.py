@@ -11,7 +11,7 @@ from sia_slurm.cluster import Action, ActionResult, ClusterSnapshot, Start
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import JobSpec
 from sia_slurm.service import open_controller, reconcile, run_round
-from sia_slurm.service.round import MAX_ATTEMPTS
+from sia_slurm.service.journaled_round import MAX_ATTEMPTS
 from sia_slurm.state import DONE, FAILED, PENDING, SKIPPED, Journal, Store
 from tests.service.fakes import FakeCluster
 

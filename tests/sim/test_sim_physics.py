@@ -19,12 +19,12 @@ from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec
 from sia_slurm.sim.apptruth import AppTruth
-from sia_slurm.sim.cluster import SimJobSpec, SimulatedCluster
 from sia_slurm.sim.clusterfile import ClusterGpuType, ClusterRestart, ClusterSpec
 from sia_slurm.sim.gradstats import AppGradStats
 from sia_slurm.sim.groundtruth import GroundTruth
 from sia_slurm.sim.progress import StatsTable, integrate
 from sia_slurm.sim.restart import RestartDelay
+from sia_slurm.sim.simulated_cluster import SimJobSpec, SimulatedCluster
 
 REPO = Path(__file__).resolve().parents[2]
 PLACEMENTS = """\

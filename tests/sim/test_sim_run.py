@@ -11,7 +11,6 @@ import pytest
 from sia_slurm.policy.pollux import PolluxPolicyConfig
 from sia_slurm.policy.sia import SiaPolicyConfig
 from sia_slurm.sim.apptruth import SimInputError
-from sia_slurm.sim.cluster import SimulatedCluster
 from sia_slurm.sim.inputs import (
     SimulationInputs,
     job_specs,
@@ -20,6 +19,7 @@ from sia_slurm.sim.inputs import (
     load_workload_truths,
 )
 from sia_slurm.sim.run import SimulationConfig, simulate
+from sia_slurm.sim.simulated_cluster import SimulatedCluster
 from sia_slurm.sim.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
