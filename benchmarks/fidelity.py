@@ -43,14 +43,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.restart_time import (  # noqa: E402
+from benchmarks.dev_release import (  # noqa: E402
     SLURM_RELEASES,
     cluster_env,
-    grant_delays,
     release_problem,
     slurm_bin_dir,
-    summarize,
 )
+from benchmarks.restart_measure import grant_delays, summarize  # noqa: E402
 from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.devcluster.chroot import SYSTEM  # noqa: E402
 from sia_slurm.report import render_site, report_from_db  # noqa: E402
@@ -275,7 +274,7 @@ def real_metrics(db: Path, ids: dict[str, str], started: float) -> dict[str, Any
 
 def measured_restart(db: Path, out_dir: Path, ids: dict[str, str]) -> ClusterRestart | None:
     """This run's own restart time: the mean grant -> training delay of its Starts and Moves
-    (``benchmarks/restart_time.py``'s exact measurement from the journal and the job logs)."""
+    (``benchmarks/restart_measure.py``'s exact measurement from the journal and the job logs)."""
     logs = {sia_id: out_dir / f"{name}.out" for name, sia_id in ids.items()}
     summary = summarize(grant_delays(db, logs))
     print("dev cluster, this run: " + ", ".join(

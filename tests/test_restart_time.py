@@ -1,6 +1,7 @@
-"""benchmarks/restart_time.py's measurement: grants from the real state database (written with
-the store and journal modules the controller uses), ready lines formatted by the trainer's own
-logging format, and their pairing. No Slurm: the calibration itself is a benchmark run."""
+"""The measurement of restart time (benchmarks/restart_measure.py): grants from the real state
+database (written with the store and journal modules the controller uses), ready lines formatted
+by the trainer's own logging format, and their pairing; and restart_time.py's options. No Slurm:
+the calibration itself is a benchmark run."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # benchmarks/ is a directory of scripts, imported by path
     sys.path.insert(0, str(REPO))
 
-from benchmarks.restart_time import (  # noqa: E402
+from benchmarks.dev_release import release_problem, slurm_bin_dir  # noqa: E402
+from benchmarks.restart_measure import (  # noqa: E402
     Grant,
     GrantDelay,
     ReadyLine,
@@ -24,15 +26,12 @@ from benchmarks.restart_time import (  # noqa: E402
     grant_delays,
     measure,
     pair_grants,
-    parse_options,
     parse_ready_lines,
     read_grants,
-    release_problem,
-    slurm_bin_dir,
     summarize,
     summarize_by_size,
-    write_config,
 )
+from benchmarks.restart_time import parse_options, write_config  # noqa: E402
 from sia_slurm.cluster import BatchChoice, Move, Rebatch, Start, Stop  # noqa: E402
 from sia_slurm.core import Configuration  # noqa: E402
 from sia_slurm.policy.base import NodeShare  # noqa: E402
