@@ -187,8 +187,8 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         # a valid configuration, whatever set it DOWN (1 would cover "not responding" only),
         # so a restarted slurmd needs no `scontrol update state=resume`. A drained node stays
         # drained until resumed. slurmctld restarted without -c recovers jobs and nodes from
-        # StateSaveLocation; what it had not saved yet (it saves a few seconds after a change)
-        # is lost.
+        # StateSaveLocation; what it had not saved yet is lost (it saves a few seconds after
+        # an RPC that changes a job, but not after a backfill start: DevCluster.save_state).
         f"SlurmdTimeout={layout.slurmd_timeout_s}",
         "ReturnToService=2",
         "AccountingStorageType=accounting_storage/none",
