@@ -26,7 +26,7 @@ from sia_slurm.devcluster.process import (
 )
 from sia_slurm.devcluster.render import ClusterLayout
 from sia_slurm.devcluster.spec import DevClusterSpec
-from sia_slurm.slurm.inventory import parse_nodes
+from sia_slurm.slurm.inventory import parse_nodes, parse_records
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
 
@@ -151,24 +151,25 @@ class DaemonFaults:
                 self.start_slurmd(node, timeout_s)
         return stopped
 
-    def save_state(self, timeout_s: float = 30.0) -> float:
-        """Make slurmctld write its state now, and return once it has (the time it did).
+    def save_state(self, job_id: str, timeout_s: float = 30.0) -> float:
+        """Make slurmctld write its state now, and return once it has (the file's time).
 
         slurmctld writes StateSaveLocation a few seconds after an RPC that changes a job
         (SAVE_MAX_WAIT, 5 s), but a job its backfill scheduler starts asks for no save: that
         start can stay unwritten until something else asks (verified on 22.05: killed 10 s
         after a backfill start, slurmctld came back with the job PENDING and killed its batch
         step when the node registered). A crash test that means "the running jobs are known to
-        Slurm" asks for a save first: a held job submitted and cancelled asks for one; the
-        wait is for a ``job_state`` written after the cancel, so the throwaway job is not
-        recovered either."""
+        Slurm" asks for a save first: an update of job ``job_id`` that sets its Comment to what
+        it is asks for one. The state written after the update holds everything Slurm did
+        before it."""
         self._recorded_or_fail()
         runner = self.runner()
-        submitted = runner.run(
-            ["sbatch", "--parsable", "--hold", "--output=/dev/null", "--wrap", "true"]
-        )
-        runner.run(["scancel", submitted.stdout.strip().split(";")[0]])
-        asked = time.time()  # the cancel is done: a state written from now on includes it
+        records = parse_records(runner.run(["scontrol", "-o", "show", "job", job_id]).stdout)
+        if not records:
+            raise DevClusterError(f"save_state: Slurm has no job {job_id}")
+        comment = records[0].get("Comment", "")
+        asked = time.time()  # before the update: a state written from now on is newer
+        runner.run(["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"])
         state = self.layout.state_dir / "job_state"
         deadline = time.monotonic() + timeout_s
         while True:

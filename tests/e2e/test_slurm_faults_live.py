@@ -417,8 +417,8 @@ def faults(
 
 def test_slurmctld_killed_while_jobs_run_and_right_after_a_move(faults: Faults) -> None:
     site, loop, cluster = faults.site, faults.loop, faults.cluster
-    for sia_id in ("ka", "kb"):
-        site.submit(sia_id, max_gpus=2)
+    ka = site.submit("ka", max_gpus=2)
+    site.submit("kb", max_gpus=2)
     loop.start()
 
     # The jobs start and grow to their cap (2 GPUs, a round at a time); then nothing moves.
@@ -432,7 +432,7 @@ def test_slurmctld_killed_while_jobs_run_and_right_after_a_move(faults: Faults) 
     # rounds without it fail and say so, the next ones go on; the jobs run on, untouched.
     # (Once Slurm has written them down: a job its backfill scheduler started may be unsaved
     # for minutes, and a crash then loses the start; DevCluster.save_state.)
-    cluster.save_state()
+    cluster.save_state(ka)
     killed = time.time()
     cluster.kill_slurmctld()
     faults.wait(lambda: loop.failures(killed), "a round to fail without slurmctld")
@@ -445,7 +445,7 @@ def test_slurmctld_killed_while_jobs_run_and_right_after_a_move(faults: Faults) 
     print("outage 1:", loop.failures(killed)[-1])
 
     # ... and again, started again at once (commands wait for it; nothing need fail).
-    cluster.save_state()
+    cluster.save_state(ka)
     cluster.restart_slurmctld()
     back = time.time()
     faults.wait(lambda: faults.settled(back), "a quiet round after the quick restart")

@@ -82,7 +82,7 @@ def test_slurmctld_killed_and_started_again_keeps_running_jobs(
     wait_for(lambda: in_state(dev_cluster, job_id, "RUNNING"), "the job to run")
     # What slurmctld has not written down when it dies is gone (a start by its backfill
     # scheduler may stay unwritten for minutes): the test asks it to save first.
-    saved = dev_cluster.save_state()
+    saved = dev_cluster.save_state(job_id)
     assert (dev_cluster.layout.state_dir / "job_state").stat().st_mtime == saved
     killed = dev_cluster.kill_slurmctld()
     assert not dev_cluster.is_up()
