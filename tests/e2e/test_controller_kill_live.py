@@ -299,6 +299,7 @@ class Scenario:
 
     start: Phase
     move: Phase
+    move_back: Phase | None = None
     stop: Phase | None = None
     restart: Phase | None = None
     finish: Phase = field(default_factory=lambda: Phase("round"))
@@ -321,6 +322,21 @@ def run_scenario(ks: KillSite, scenario: Scenario) -> None:
     moved = ks.wait(lambda: all_reporting(ks, since), "every job moved and reporting")
     for sia_id, run in moved.items():
         assert not set(nodes_of(run)) & set(drained), (sia_id, run, drained)
+
+    if scenario.move_back is not None:
+        # The first nodes come back and the jobs' new ones are drained: each job moves again.
+        back = drained
+        types = {node.rsplit("-", 1)[0] for s in moved.values() for node in nodes_of(s)}
+        drained = [node for node in NODES if node.rsplit("-", 1)[0] in types]
+
+        def move_back() -> None:
+            ks.nodes_state(back, "RESUME")
+            ks.nodes_state(drained, "DRAIN")
+
+        since = begin(ks, scenario.move_back, "move back", move_back)
+        moved = ks.wait(lambda: all_reporting(ks, since), "every job moved again and reporting")
+        for sia_id, run in moved.items():
+            assert not set(nodes_of(run)) & set(drained), (sia_id, run, drained)
 
     if scenario.stop is not None:
         # Every node drained: every job is stopped (requeued and held).
@@ -445,8 +461,11 @@ START, MOVE, STOP = ("start",), ("move",), ("stop",)
 def test_sigkill_at_every_step_of_start_move_and_stop(kill_site: KillSite) -> None:
     """Deterministic kill points, 21: each step of a Start, a Move, a Stop and the start of a
     requeued job, one after the other (a kill during a re-apply lands in the re-apply). The
-    move's kills between an assignment, its StartTime and the release are the relaunch
-    floor's replays (docs/slurm-actuation.md): each job must still start at its floor."""
+    kills between a move's assignment, its StartTime and the release are the relaunch floor's
+    replays (docs/slurm-actuation.md): each job must still start at its floor. They get a
+    move of their own: a StartTime is sent only while Slurm's requeue delay (cred_expire + 1 s,
+    31 s here) runs, and the first move's eight kills before it, each a controller restart,
+    outlasted that at load (the replay then released the jobs with no StartTime to kill at)."""
     run_scenario(kill_site, Scenario(
         start=Phase("start", [
             KillRule("start: after the controller's hold", HOLD, "after", START),
@@ -465,6 +484,8 @@ def test_sigkill_at_every_step_of_start_move_and_stop(kill_site: KillSite) -> No
             KillRule("move: after the second update", RESHAPE, "after", MOVE, nth=2),
             KillRule("move: after the read-back, before the assignments", SQUEUE, "after", MOVE,
                      follows=RESHAPE),
+        ]),
+        move_back=Phase("move", [
             KillRule("move: after an assignment, before its StartTime", START_TIME, "before",
                      MOVE),
             KillRule("move: after the StartTimes, before release", RELEASE, "before", MOVE),
