@@ -1,7 +1,7 @@
 """The clock: wall time and sleeping, injectable so tests need not wait.
 
 One for the whole controller: the Slurm backend sleeps on it while it polls Slurm, the
-service's rounds stamp the journal and the round's time with it, the loop waits for the next
+service's rounds stamp the journal and the round's time with it, the loop times the next
 round by it. Unit tests pass a fake one."""
 
 from __future__ import annotations

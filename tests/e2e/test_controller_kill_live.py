@@ -29,7 +29,7 @@ import shutil
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,27 +316,10 @@ def run_scenario(ks: KillSite, scenario: Scenario) -> None:
     started = ks.wait(lambda: all_reporting(ks, since), "every job started and reporting")
 
     # The administrator drains the jobs' nodes: each job moves to another GPU type.
-    types = {node.rsplit("-", 1)[0] for s in started.values() for node in nodes_of(s)}
-    drained = [node for node in NODES if node.rsplit("-", 1)[0] in types]
-    since = begin(ks, scenario.move, "move", lambda: ks.nodes_state(drained, "DRAIN"))
-    moved = ks.wait(lambda: all_reporting(ks, since), "every job moved and reporting")
-    for sia_id, run in moved.items():
-        assert not set(nodes_of(run)) & set(drained), (sia_id, run, drained)
-
+    drained, moved = move_off(ks, scenario.move, "move", started)
     if scenario.move_back is not None:
         # The first nodes come back and the jobs' new ones are drained: each job moves again.
-        back = drained
-        types = {node.rsplit("-", 1)[0] for s in moved.values() for node in nodes_of(s)}
-        drained = [node for node in NODES if node.rsplit("-", 1)[0] in types]
-
-        def move_back() -> None:
-            ks.nodes_state(back, "RESUME")
-            ks.nodes_state(drained, "DRAIN")
-
-        since = begin(ks, scenario.move_back, "move back", move_back)
-        moved = ks.wait(lambda: all_reporting(ks, since), "every job moved again and reporting")
-        for sia_id, run in moved.items():
-            assert not set(nodes_of(run)) & set(drained), (sia_id, run, drained)
+        drained, moved = move_off(ks, scenario.move_back, "move back", moved, back=drained)
 
     if scenario.stop is not None:
         # Every node drained: every job is stopped (requeued and held).
@@ -367,6 +350,31 @@ def run_scenario(ks: KillSite, scenario: Scenario) -> None:
     print("\n".join([f"seed {SEED}; evidence in {ks.evidence}", *ks.kills_summary()]))
     assert last is not None and last.returncode == 0, ks.diagnosis()
     check_exactly_once(ks)
+
+
+def move_off(
+    ks: KillSite,
+    phase: Phase,
+    name: str,
+    runs: dict[str, dict[str, Any]],
+    back: Sequence[str] = (),
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Resume ``back`` and drain every node of the GPU types ``runs`` are on, as phase
+    ``name``; wait until every job reports from other nodes. Returns the drained nodes and the
+    jobs' new runs."""
+    types = {node.rsplit("-", 1)[0] for run in runs.values() for node in nodes_of(run)}
+    drained = [node for node in NODES if node.rsplit("-", 1)[0] in types]
+
+    def trigger() -> None:
+        if back:
+            ks.nodes_state(list(back), "RESUME")
+        ks.nodes_state(drained, "DRAIN")
+
+    since = begin(ks, phase, name, trigger)
+    moved = ks.wait(lambda: all_reporting(ks, since), f"every job reporting after the {name}")
+    for sia_id, run in moved.items():
+        assert not set(nodes_of(run)) & set(drained), (sia_id, run, drained)
+    return drained, moved
 
 
 def begin(ks: KillSite, phase: Phase, name: str, trigger: Callable[[], Any]) -> float:
