@@ -54,9 +54,8 @@ from sia_slurm.protocol import (
     StatePaths,
     StopRequest,
     read_document,
-    read_json,
-    write_json_atomic,
 )
+from sia_slurm.safefiles import read_json, write_json_atomic
 from sia_slurm.slurm.inventory import parse_records
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 

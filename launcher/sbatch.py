@@ -47,10 +47,9 @@ from sia_slurm.protocol import (
     ProtocolError,
     StatePaths,
     check_sia_id,
-    chmod_dir,
     write_document,
-    write_text_atomic,
 )
+from sia_slurm.safefiles import chmod_dir, write_text_atomic
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 EXIT_USAGE = 2

@@ -16,21 +16,17 @@ them for people). Two trees, by who may write them (``docs/security.md``)::
 sticky and world-writable (like /tmp), each ``jobs/<sia_id>/`` belongs to the job's user. The
 controller never writes under ``jobs/`` and reads it only through :mod:`sia_slurm.userfiles`.
 
-Every file is written atomically (temporary file in the same directory, fsync, rename), so a
-reader sees either the old or the new content, never a torn one. Every reader validates the
-whole file and raises :class:`ProtocolError` naming the file and the field; nothing here
-guesses a default for a missing field except the ones documented on each dataclass.
+Every file is written atomically (temporary file in the same directory, fsync, rename:
+:mod:`sia_slurm.safefiles`), so a reader sees either the old or the new content, never a torn
+one. Every reader validates the whole file and raises :class:`ProtocolError` naming the file
+and the field; nothing here guesses a default for a missing field except the ones documented
+on each dataclass.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import math
-import os
 import re
-import stat
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from enum import StrEnum
@@ -38,14 +34,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sia_slurm.core import JobKind
+from sia_slurm.safefiles import (
+    MAX_FILE_BYTES,
+    ProtocolError,
+    read_json,
+    write_json_atomic,
+)
 
 PROTOCOL_VERSION = 1
-MAX_FILE_BYTES = 64 * 1024  # no protocol file is legitimately larger
 SIA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
-
-
-class ProtocolError(ValueError):
-    """A protocol file is missing, too large, not JSON, or has a bad field."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -439,44 +436,6 @@ _D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit, Run
 Document = JobSpec | Assignment | MetricsReport | StopRequest | RunExit | RunRefusal
 
 
-def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:
-    """Write ``payload`` as JSON to ``path`` atomically (temp file beside it, fsync, rename)."""
-    text = json.dumps(payload, indent=1, sort_keys=True) + "\n"
-    write_text_atomic(path, text, mode=mode)
-
-
-def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` atomically with ``mode``.
-
-    The temporary file is created exclusively (``mkstemp``: never through a planted symlink)
-    and its mode set on the open descriptor, never by path, so nothing another account swaps
-    into the directory can redirect the write or the chmod.
-    """
-    if not path.parent.is_dir():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        chmod_dir(path.parent, 0o755)  # readable by the job's user whatever the umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def chmod_dir(path: Path, mode: int) -> None:
-    """chmod a directory through a descriptor opened without following a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
 def to_json(document: Document) -> dict[str, Any]:
     """The JSON object of a protocol document (tuples become lists, enums their values)."""
     payload = asdict(document)
@@ -490,58 +449,6 @@ def to_json(document: Document) -> dict[str, Any]:
 
 def write_document(path: Path, document: Document) -> None:
     write_json_atomic(path, to_json(document))
-
-
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-
-
-def read_capped(fd: int, where: str, max_bytes: int) -> bytes:
-    """The bytes of the open file ``fd``: a regular file of at most ``max_bytes``.
-
-    Checked on the descriptor (``fstat``), so a FIFO, a device or a huge file is refused
-    without a blocking or unbounded read.
-    """
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise ProtocolError(f"{where}: not a regular file")
-    if info.st_size > max_bytes:
-        raise ProtocolError(f"{where}: larger than {max_bytes} bytes")
-    data = os.read(fd, max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ProtocolError(f"{where}: larger than {max_bytes} bytes")
-    return data
-
-
-def read_json(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
-    """The JSON object in ``path``; :class:`ProtocolError` (naming the file) otherwise.
-
-    The last component is never followed if it is a symlink, and a FIFO never blocks."""
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError as exc:
-        raise ProtocolError(f"{path}: cannot read: {_why(exc)}") from None
-    try:
-        data = read_capped(fd, str(path), max_bytes)
-    finally:
-        os.close(fd)
-    return parse_json(data, str(path))
-
-
-def parse_json(data: bytes, where: str) -> dict[str, Any]:
-    """The JSON object in ``data`` (read from ``where``)."""
-    try:
-        payload = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"{where}: not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise ProtocolError(f"{where}: expected a JSON object, got {type(payload).__name__}")
-    return payload
-
-
-def _why(exc: OSError) -> str:
-    if exc.errno == errno.ELOOP:
-        return "is a symbolic link (not followed)"
-    return exc.strerror or str(exc)
 
 
 def _field_checkers() -> dict[str, Callable[[Any], bool]]:

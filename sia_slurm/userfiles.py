@@ -20,8 +20,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from sia_slurm.protocol import (
-    MAX_FILE_BYTES,
-    READ_FLAGS,
     Assignment,
     JobSpec,
     MetricsReport,
@@ -31,9 +29,8 @@ from sia_slurm.protocol import (
     StopRequest,
     check_sia_id,
     from_json,
-    parse_json,
-    read_capped,
 )
+from sia_slurm.safefiles import MAX_FILE_BYTES, READ_FLAGS, parse_json, read_capped
 
 _D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit, RunRefusal)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

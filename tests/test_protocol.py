@@ -13,7 +13,6 @@ import pytest
 
 from sia_slurm.core import JobKind
 from sia_slurm.protocol import (
-    MAX_FILE_BYTES,
     Assignment,
     JobSpec,
     MetricsReport,
@@ -23,9 +22,8 @@ from sia_slurm.protocol import (
     check_sia_id,
     read_document,
     write_document,
-    write_json_atomic,
-    write_text_atomic,
 )
+from sia_slurm.safefiles import MAX_FILE_BYTES, write_json_atomic, write_text_atomic
 
 
 def _report(**overrides: object) -> dict[str, object]:

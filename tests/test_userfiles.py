@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from sia_slurm.protocol import JobSpec, ProtocolError, read_document, read_json, write_document
+from sia_slurm.protocol import JobSpec, ProtocolError, read_document, write_document
+from sia_slurm.safefiles import read_json
 from sia_slurm.userfiles import JobDirectory, UserFileError
 
 ME = os.geteuid()

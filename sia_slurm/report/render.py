@@ -11,8 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
-from sia_slurm.protocol import write_json_atomic
 from sia_slurm.report.data import ReportData
+from sia_slurm.safefiles import write_json_atomic
 
 SITE_FILES = ("index.html", "style.css", "app.js")
 

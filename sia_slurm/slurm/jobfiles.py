@@ -34,9 +34,8 @@ from sia_slurm.protocol import (
     ProtocolError,
     StopRequest,
     read_document,
-    read_json,
-    write_json_atomic,
 )
+from sia_slurm.safefiles import read_json, write_json_atomic
 from sia_slurm.userfiles import JobDirectory
 
 logger = logging.getLogger(__name__)

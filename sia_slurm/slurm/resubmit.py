@@ -16,7 +16,8 @@ import logging
 import os
 from dataclasses import replace
 
-from sia_slurm.protocol import StatePaths, write_text_atomic
+from sia_slurm.protocol import StatePaths
+from sia_slurm.safefiles import write_text_atomic
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.calls import SlurmCalls
 from sia_slurm.slurm.commands import Shape

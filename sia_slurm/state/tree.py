@@ -21,7 +21,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.protocol import StatePaths, chmod_dir
+from sia_slurm.protocol import StatePaths
+from sia_slurm.safefiles import chmod_dir
 
 
 @dataclass(frozen=True)

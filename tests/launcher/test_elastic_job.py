@@ -24,7 +24,8 @@ from launcher.elastic.lr import LRScaling, default_rule
 from launcher.elastic.noise import GradientNoise
 from launcher.jobenv import JobEnvironment
 from launcher.runs import training_name
-from sia_slurm.protocol import Assignment, StatePaths, StopRequest, read_json, write_document
+from sia_slurm.protocol import Assignment, StatePaths, StopRequest, write_document
+from sia_slurm.safefiles import read_json
 
 SIZE = 40
 

@@ -30,9 +30,9 @@ from sia_slurm.protocol import (
     StatePaths,
     StopRequest,
     read_document,
-    read_json,
     write_document,
 )
+from sia_slurm.safefiles import read_json
 from tests.launcher.gloo import run_two_ranks
 
 SIZE = 40

@@ -38,7 +38,8 @@ from sia_slurm.cluster import (
 )
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare, NodeView
-from sia_slurm.protocol import JobSpec, MetricsReport, from_json, to_json, write_json_atomic
+from sia_slurm.protocol import JobSpec, MetricsReport, from_json, to_json
+from sia_slurm.safefiles import write_json_atomic
 
 CRASH_EXIT = 86
 

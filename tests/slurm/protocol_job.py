@@ -55,8 +55,8 @@ from sia_slurm.protocol import (
     exit_name,
     read_document,
     write_document,
-    write_json_atomic,
 )
+from sia_slurm.safefiles import write_json_atomic
 
 TICK_S = 0.05
 REPORT_EVERY_S = 0.5

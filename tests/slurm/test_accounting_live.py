@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from sia_slurm.devcluster import DevCluster, DevClusterSpec
 from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
@@ -19,6 +21,8 @@ from sia_slurm.slurm.accounting import AccountingReader
 from tests.accounting_site import ACCOUNTING_SPEC
 from tests.accounts import SharedTmp, TestAccounts
 from tests.release import TEST_PORT_BASE, TEST_SLURM
+
+pytestmark = pytest.mark.slurm
 
 DOWN_PORT_OFFSET = 50  # base+50..+54: beside the session's accounting cluster (tests/conftest.py)
 
