@@ -51,6 +51,7 @@ from sia_slurm.state.tree import set_up
 from tests.accounts import TestAccounts
 from tests.e2e.kill_harness import KillPlan, KillRule, Supervisor, job_history_problems
 from tests.e2e.test_controller_live import SEED_PROFILE, Site
+from tests.release import TEST_RELEASE
 from tests.slurm.conftest import LiveSubmitter
 
 pytestmark = pytest.mark.slurm
@@ -62,6 +63,8 @@ PHASE_TIMEOUT_S = 120.0
 # A restarted controller settles what the killed one left pending within this (a re-apply
 # takes 1-3 s; a Slurm command that hangs runs into the runner's 60 s timeout).
 RECOVERY_S = 30.0
+# A failed run's evidence (tests/e2e/kill_harness.py's logs, the journal, slurmctld's log).
+FAILED_EVIDENCE = Path(os.environ.get("SIA_TEST_EVIDENCE", "/tmp/sia-test-evidence"))
 # The random points' seed: fixed, printed, and SIA_KILL_SEED tries another.
 SEED = int(os.environ.get("SIA_KILL_SEED", "20261124"))
 
@@ -216,33 +219,58 @@ class KillSite:
 
     def diagnosis(self) -> str:
         """Keep the evidence (logs, shim calls, job events, slurmctld's log) and summarise."""
-        self.keep_evidence()
-        lines = [f"seed {SEED}; evidence kept in {self.evidence}"]
+        kept = self.keep_evidence(failed=True)
+        lines = [f"seed {SEED}; evidence kept in {kept}"]
         lines += [f"unfired rules: {self.plan.unfired()}", *self.kills_summary()]
         lines += [f"exit: pid {e.pid} rc {e.returncode} {e.output[-300:]!r}" for e in
                   self.supervisor.exits[-3:]]  # fmt: skip
         lines += [f"pending: {e['id']} {e['kind']} {e['sia_id']} r{e['round_index']}" for e in
                   self.pending()]  # fmt: skip
+        lines += [f"slurm: {line}" for line in self.slurm_view()]
         lines += [f"call: {c['argv'][:100]}" for c in self.plan.calls()[-15:]]
         lines += [f"log: {line.get('message', '')[:200]}" for line in self.log_lines()[-15:]]
         return "\n".join(lines)
 
-    def keep_evidence(self) -> None:
-        self.evidence.mkdir(parents=True, exist_ok=True)
+    def slurm_view(self) -> list[str]:
+        """Each job as Slurm has it now: state, flags, hold, run, nodes, times."""
+        try:
+            jobs = self.squeue()
+        except Exception as exc:  # the diagnosis must not hide the failure it explains
+            return [f"squeue failed: {exc}"]
+        return [
+            f"{sia_id} job {j.job_id} {j.state} {list(j.flags)} held={j.held} "
+            f"restarts={j.restart_count} nodes={','.join(j.nodes)} reason={j.reason} "
+            f"start={j.start_time:.0f} eligible={j.eligible_time:.0f}"
+            for sia_id, j in sorted(jobs.items())
+        ]
+
+    def keep_evidence(self, failed: bool = False) -> Path:
+        """Copy the controller's log, the shim's calls and kills, the jobs' events, the journal
+        and slurmctld's log into the test's evidence directory; a failed run's go to
+        :data:`FAILED_EVIDENCE` instead, which pytest does not clean up (it keeps only the last
+        three sessions' temporary directories, and a CI run starts three at once)."""
+        target = self.evidence
+        if failed:
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            target = FAILED_EVIDENCE / f"{TEST_RELEASE}-{stamp}-{os.getpid()}"
+        target.mkdir(parents=True, exist_ok=True)
         sources = [
             self.site.log_path,
             self.plan.directory / "calls.jsonl",
             self.plan.directory / "kills.jsonl",
             self.plan.directory / "plan.json",
+            self.plan.directory / "state.json",
             self.site.cluster.layout.log_dir / "slurmctld.log",
         ]
         sources += [self.paths.job_dir(sia_id) / "events.jsonl" for sia_id in JOBS]
         for source in sources:
             if source.exists():
-                shutil.copyfile(source, self.evidence / f"{source.parent.name}-{source.name}")
+                shutil.copyfile(source, target / f"{source.parent.name}-{source.name}")
         exits = [vars(e) for e in self.supervisor.exits]
-        (self.evidence / "exits.json").write_text(json.dumps(exits, indent=1))
-        (self.evidence / "timed-kills.json").write_text(json.dumps(self.timed_kills, indent=1))
+        (target / "exits.json").write_text(json.dumps(exits, indent=1))
+        (target / "timed-kills.json").write_text(json.dumps(self.timed_kills, indent=1))
+        (target / "journal.json").write_text(json.dumps(self.journal(), indent=1, default=str))
+        return target
 
 
 @pytest.fixture
@@ -324,6 +352,11 @@ def run_scenario(ks: KillSite, scenario: Scenario) -> None:
     if scenario.stop is not None:
         # Every node drained: every job is stopped (requeued and held).
         rest = [node for node in NODES if node not in drained]
+        # The stop phase's kills are at a running job's checkpoint signal and requeue: a job
+        # that reported from its new nodes must still be running there (run 17 of
+        # docs/reliability.md stopped jobs with no signal the shim counted).
+        running = {sia_id: job for sia_id, job in ks.squeue().items() if job.state == "RUNNING"}
+        assert set(running) == set(JOBS), f"not all running before the stop\n{ks.diagnosis()}"
         begin(ks, scenario.stop, "stop", lambda: ks.nodes_state(rest, "DRAIN"))
         ks.wait(lambda: all_stopped(ks), "every job stopped (pending, held)")
 
