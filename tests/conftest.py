@@ -79,17 +79,20 @@ def shared_python(test_accounts: TestAccounts) -> str:
 
 
 @pytest.fixture(scope="session")
-def shared_tmp(test_accounts: TestAccounts) -> Iterator[SharedTmp]:
+def shared_tmp(test_accounts: TestAccounts, request: pytest.FixtureRequest) -> Iterator[SharedTmp]:
     """Directories other accounts can traverse (slurmctld as siasvc, the controller, the test
     users' jobs), outside pytest's own temporary root: pytest resets /tmp/pytest-of-<user> to
-    0700 whenever another pytest session starts, which would cut those accounts off mid-run."""
+    0700 whenever another pytest session starts, which would cut those accounts off mid-run.
+    Kept after a session with failures: the dev clusters' logs under it are what explains them
+    (the paths the failures print point there)."""
     base = Path(tempfile.mkdtemp(prefix="sia-tests-"))
     base.chmod(0o711)
     grant_traverse(base)
     try:
         yield SharedTmp(base)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if not request.session.testsfailed:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
