@@ -19,9 +19,11 @@ metrics report of each job that runs the emulated trainer two ways:
 Usage: python benchmarks/emulation_check.py --config DIR/sia.yaml
            [--time-scale calibration|FACTOR] [--tolerance 0.10]
 
-The demo's trainers run at the profile's pace (``--time-scale 1``, the default here); the
-fidelity benchmark's at the app's calibration factor (``--time-scale calibration``). Exit
-status 1 when a check fails, 2 on bad input.
+The demo's and the fidelity benchmark's trainers report the profile's step times
+(``--time-scale 1``, the default here; the benchmark slows its steps by the app's calibration
+factor where the step timer does not see it, as the simulator does). Runs of the benchmark
+before that change reported step times stretched by the factor: ``--time-scale calibration``
+reads those. Exit status 1 when a check fails, 2 on bad input.
 """
 
 from __future__ import annotations

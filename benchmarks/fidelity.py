@@ -117,7 +117,9 @@ def run_sim(
 
 
 def job_command(truth: AppTruth, scale: float) -> list[str]:
-    """An emulated trainer at the app's pace x its calibration factor, done after the app's
+    """An emulated trainer at the app's pace, each step stretched by its calibration factor
+    where the step timer does not see it (as the simulator slows progress, not the reported
+    step times: the controllers of both worlds read the same step times), done after the app's
     ``completion samples / k`` M0-equivalent samples with the app's true statistical efficiency
     (``--progress efficiency``): the same target, M0 and statistics as the simulated job, whose
     progress runs k times faster towards ``completion samples``. The toy dataset (one raw epoch
@@ -129,7 +131,7 @@ def job_command(truth: AppTruth, scale: float) -> list[str]:
         "python", "-m", "launcher.examples.emulated",
         "--progress", "efficiency", "--target-samples", f"{samples!r}",
         "--epochs", str(epochs), "--dataset-size", str(dataset),
-        "--time-scale", f"{truth.calibration:g}",
+        "--untimed-scale", f"{truth.calibration:g}",
     ]  # fmt: skip
 
 

@@ -8,7 +8,10 @@ app's profile says one micro-batch of that size takes on the assigned GPU type
 (``profiles/<app>/seed.csv``, 1-GPU measurements, linearly interpolated over the local batch;
 ``--time-scale`` shrinks or stretches it). The reported step times therefore look like the
 profiled hardware; the all-reduce is the real one. It says so in its log, and it is not a
-benchmark of anything.
+benchmark of anything. ``--untimed-scale c`` makes each optimizer step last c times its
+emulated time with the excess spent after the step, where the step timer does not see it: the
+simulator's calibration factor (``sia_slurm/sim/apptruth.py``: data loading, evaluation and
+logging slow the app's progress, not the step times it reports).
 
 When is it done? ``--progress`` chooses (``auto``, the default, is ``efficiency`` for an app with
 validation traces in ``data/traces/`` and ``raw`` for any other, e.g. a test profile):
@@ -266,6 +269,13 @@ def train(argv: list[str] | None = None) -> None:
     options.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply the profiled step time by this"
     )
+    options.add_argument(
+        "--untimed-scale",
+        type=float,
+        default=1.0,
+        help="make each step last this many times its emulated time, the excess after the step "
+        "where the step timer does not see it (the simulator's calibration factor; >= 1)",
+    )
     options.add_argument("--app", default="cifar10", help="with --local: the profiled app")
     options.add_argument("--profile-type", default="t4", help="with --local: the GPU type")
     options.add_argument(
@@ -283,6 +293,8 @@ def train(argv: list[str] | None = None) -> None:
         "(default: --epochs x --dataset-size)",
     )
     args = options.parse_args(argv)
+    if not args.untimed_scale >= 1.0:
+        options.error(f"--untimed-scale: expected a factor >= 1, got {args.untimed_scale!r}")
     env = setup(args)
     if args.local is not None:
         env = replace(env, app=args.app, profile_gpu_type=args.profile_type)
@@ -312,10 +324,12 @@ def train(argv: list[str] | None = None) -> None:
         reporter=reporter,
     )
     logger.info(
-        "EMULATED trainer: micro-batch times follow profile %s on %s (x%g); the GPUs are not used",
+        "EMULATED trainer: micro-batch times follow profile %s on %s (x%g, steps x%g with the "
+        "untimed part); the GPUs are not used",
         profile.name,
         env.profile_gpu_type,
         args.time_scale,
+        args.untimed_scale,
     )
     if progress is None:
         run_raw_epochs(trainer, args, profile, env)
@@ -371,6 +385,12 @@ class Pacer:
         """A micro-batch of ``target_s`` started at ``now`` (a time from :meth:`now`)."""
         self._deadline = now + target_s - self._overrun
 
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` between steps, outside every micro-batch: no deadline is moved and
+        nothing is carried (the untimed part of a step, ``--untimed-scale``)."""
+        if seconds > 0:
+            self._sleep(seconds)
+
     def wait(self) -> None:
         """Sleep until the current micro-batch's deadline (not at all if it has passed)."""
         assert self._deadline is not None, "start() first"
@@ -412,7 +432,9 @@ def run_raw_epochs(
             target = args.time_scale * micro_batch_seconds(
                 profile, env.profile_gpu_type, trainer.batch.local_bsz
             )
+            micro_batches = trainer.batch.accum_steps + 1
             loss = emulated_step(trainer, step, target, pacer)
+            pacer.pause((args.untimed_scale - 1.0) * target * micro_batches)
             log.write(trainer, step, loss, emulated_s=target)
 
 
@@ -437,7 +459,9 @@ def run_to_target(
             target = args.time_scale * micro_batch_seconds(
                 profile, env.profile_gpu_type, trainer.batch.local_bsz
             )
+            micro_batches = trainer.batch.accum_steps + 1
             loss = emulated_step(trainer, step, target, pacer)
+            pacer.pause((args.untimed_scale - 1.0) * target * micro_batches)
             progress.step(batch_size)
             trainer.user_state[USER_STATE_KEY] = progress.app_progress
             if progress.done:

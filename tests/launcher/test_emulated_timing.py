@@ -92,9 +92,49 @@ def test_bounded_fetch_gathers_at_most_the_computed_samples_in_order():
     assert torch.equal(small_inputs, dataset.tensors[0][[3, 1]])
 
 
-def _run(directory: Path, steps: int, batch: int) -> dict:
+def test_pacer_pauses_between_steps_without_moving_a_deadline():
+    clock = FakeClock()
+    pacer = Pacer(clock, clock.sleep)
+    clock.latency = 0.004
+    pacer.start(0.020, pacer.now())
+    pacer.wait()  # 4 ms late: carried to the next micro-batch
+    pacer.pause(0.5)
+    pacer.pause(0.0)  # nothing to sleep
+    started = pacer.now()
+    pacer.start(0.020, started)
+    pacer.wait()
+    assert clock.slept == pytest.approx([0.020, 0.5, 0.016])
+    assert clock.now - started == pytest.approx(0.020)  # the pause carried nothing
+
+
+def test_untimed_scale_slows_the_steps_but_not_the_step_times_they_report(tmp_path: Path):
+    """``--untimed-scale c`` (the fidelity benchmark's calibration factor): each step lasts c
+    times its emulated time, and the report still says the profile's step time, as the
+    simulator's jobs do (they progress c times slower than the step times they report). ncf on
+    rtx at 32,768: a 20 ms step; at c = 6, 20 steps sleep 2 s between steps. Counted in the
+    step, the report would say 120 ms; it must stay under 60 ms on a crowded machine too."""
+    batch, steps, scale = 32768, 20, 6.0
+    root = default_profiles_dir()
+    profile = load_app_profile(root / "ncf", load_gpu_types(root / GPU_TYPES_FILE))
+    step_s = micro_batch_seconds(profile, "rtx", batch)
+    started = time.monotonic()
+    report = _run(tmp_path / "slow", steps, batch, "--untimed-scale", str(scale))
+    wall = time.monotonic() - started
+    assert report["steps"] == steps
+    assert wall >= (scale - 1.0) * step_s * steps  # the untimed part was slept
+    assert 0.9 * step_s <= report["step_time"] < 3.0 * step_s
+
+
+def test_untimed_scale_below_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "bad", 1, 64, "--untimed-scale", "0.5")
+    assert "--untimed-scale: expected a factor >= 1, got 0.5" in capsys.readouterr().err
+
+
+def _run(directory: Path, steps: int, batch: int, *extra: str) -> dict:
     train(
         [
+            *extra,
             "--local",
             str(directory),
             "--app",
