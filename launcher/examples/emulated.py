@@ -421,6 +421,26 @@ def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float, pacer: P
     return sum(losses) / max(len(losses), 1)
 
 
+def paced_step(
+    trainer: ElasticTrainer,
+    step: Step,
+    args: argparse.Namespace,
+    profile: AppProfile,
+    env: JobEnvironment,
+    pacer: Pacer,
+) -> tuple[float, float]:
+    """One emulated step at the profile's micro-batch time x ``--time-scale``, then its untimed
+    part (``--untimed-scale``); returns the mean loss and the micro-batch time. The batch is
+    read before the step: ``finish()`` may adopt the next round's."""
+    target = args.time_scale * micro_batch_seconds(
+        profile, env.profile_gpu_type, trainer.batch.local_bsz
+    )
+    micro_batches = trainer.batch.accum_steps + 1
+    loss = emulated_step(trainer, step, target, pacer)
+    pacer.pause((args.untimed_scale - 1.0) * target * micro_batches)
+    return loss, target
+
+
 def run_raw_epochs(
     trainer: ElasticTrainer, args: argparse.Namespace, profile: AppProfile, env: JobEnvironment
 ) -> None:
@@ -429,12 +449,7 @@ def run_raw_epochs(
     pacer = Pacer()
     for _epoch in trainer.epochs(args.epochs, max_steps=args.max_steps):
         for step in trainer.steps():
-            target = args.time_scale * micro_batch_seconds(
-                profile, env.profile_gpu_type, trainer.batch.local_bsz
-            )
-            micro_batches = trainer.batch.accum_steps + 1
-            loss = emulated_step(trainer, step, target, pacer)
-            pacer.pause((args.untimed_scale - 1.0) * target * micro_batches)
+            loss, target = paced_step(trainer, step, args, profile, env, pacer)
             log.write(trainer, step, loss, emulated_s=target)
 
 
@@ -456,12 +471,7 @@ def run_to_target(
             trainer.max_steps = trainer.step
         for step in trainer.steps():
             batch_size = trainer.batch.batch_size  # finish() may adopt the next round's batch
-            target = args.time_scale * micro_batch_seconds(
-                profile, env.profile_gpu_type, trainer.batch.local_bsz
-            )
-            micro_batches = trainer.batch.accum_steps + 1
-            loss = emulated_step(trainer, step, target, pacer)
-            pacer.pause((args.untimed_scale - 1.0) * target * micro_batches)
+            loss, target = paced_step(trainer, step, args, profile, env, pacer)
             progress.step(batch_size)
             trainer.user_state[USER_STATE_KEY] = progress.app_progress
             if progress.done:

@@ -355,8 +355,8 @@ def run_scenario(ks: KillSite, scenario: Scenario) -> None:
         # The stop phase's kills are at a running job's checkpoint signal and requeue: a job
         # that reported from its new nodes must still be running there (run 17 of
         # docs/reliability.md stopped jobs with no signal the shim counted).
-        running = {sia_id: job for sia_id, job in ks.squeue().items() if job.state == "RUNNING"}
-        assert set(running) == set(JOBS), f"not all running before the stop\n{ks.diagnosis()}"
+        running = {sia_id for sia_id, job in ks.squeue().items() if job.state == "RUNNING"}
+        assert running == set(JOBS), f"not all running before the stop\n{ks.diagnosis()}"
         begin(ks, scenario.stop, "stop", lambda: ks.nodes_state(rest, "DRAIN"))
         ks.wait(lambda: all_stopped(ks), "every job stopped (pending, held)")
 
