@@ -14,9 +14,9 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 MAX_FILE_BYTES = 64 * 1024  # no protocol file is legitimately larger
 
@@ -32,20 +32,36 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o6
 
 
 def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` atomically with ``mode``.
+    """Write ``text`` (UTF-8) to ``path`` atomically with ``mode``."""
+    write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def write_bytes_atomic(
+    path: Path,
+    data: bytes | memoryview,
+    *,
+    mode: int | None = 0o644,
+    write: Callable[[IO[bytes], bytes | memoryview], None] | None = None,
+) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, fsync, rename.
 
     The temporary file is created exclusively (``mkstemp``: never through a planted symlink)
     and its mode set on the open descriptor, never by path, so nothing another account swaps
-    into the directory can redirect the write or the chmod.
+    into the directory can redirect the write or the chmod. ``mode=None`` keeps mkstemp's
+    owner-only 0600 (checkpoints). ``write`` replaces the raw write (the crash tests' seam).
     """
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
         chmod_dir(path.parent, 0o755)  # readable by the job's user whatever the umask
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
+            if write is None:
+                handle.write(data)
+            else:
+                write(handle, data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -8,6 +8,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -23,7 +24,12 @@ from sia_slurm.protocol import (
     read_document,
     write_document,
 )
-from sia_slurm.safefiles import MAX_FILE_BYTES, write_json_atomic, write_text_atomic
+from sia_slurm.safefiles import (
+    MAX_FILE_BYTES,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 def _report(**overrides: object) -> dict[str, object]:
@@ -149,6 +155,29 @@ def test_atomic_write_sets_the_mode_on_the_descriptor(
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "batch.sh").stat().st_mode) == mode
     assert stat.S_IMODE((tmp_path / "stop.json").stat().st_mode) == 0o644  # the default
+
+
+def test_bytes_write_without_a_mode_is_owner_only_and_a_failed_write_keeps_the_old_file(
+    tmp_path: Path,
+) -> None:
+    """``mode=None`` (checkpoints) keeps mkstemp's 0600 whatever the umask; a write that raises
+    part-way leaves the previous content and no temporary file."""
+    target = tmp_path / "ckpt.pt"
+    old = os.umask(0o000)
+    try:
+        write_bytes_atomic(target, b"first", mode=None)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+    def dies_half_way(handle: IO[bytes], data: bytes | memoryview) -> None:
+        handle.write(data[:2])
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        write_bytes_atomic(target, b"second", mode=None, write=dies_half_way)
+    assert target.read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
 
 
 def test_the_reader_follows_no_symlink_and_reads_no_fifo(tmp_path: Path) -> None:

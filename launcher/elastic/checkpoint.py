@@ -34,11 +34,12 @@ import io
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import IO, Any
 
 import torch
+
+from sia_slurm.safefiles import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -104,16 +105,7 @@ class CheckpointManager:
         return path
 
     def _write_atomic(self, path: Path, data: bytes | memoryview) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                self._write_bytes(handle, data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_bytes_atomic(path, data, mode=None, write=self._write_bytes)
 
     def _write_bytes(self, handle: IO[bytes], data: bytes | memoryview) -> None:
         """The raw write (a seam for the crash tests)."""
