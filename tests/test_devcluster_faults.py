@@ -233,6 +233,44 @@ def _running(pid: int) -> bool:
     return is_alive(DaemonRecord("x", pid, ""))
 
 
+ZOMBIE_LEADER = """
+import ctypes, socket, sys, threading, time
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+print(listener.getsockname()[1], flush=True)
+threading.Thread(target=time.sleep, args=(3600,)).start()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread exits; the other one holds the port
+"""
+
+
+def test_a_process_whose_main_thread_exited_is_alive_until_its_last_thread_is_gone() -> None:
+    """A SIGKILLed multi-threaded slurmctld reads ``Z`` while its other threads still exit,
+    holding its port (loaded run 19: the restarted one found it "already in use"). Such a
+    process is alive, in the process tree, and killed for good before its port is free."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE_LEADER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread did not exit"
+            time.sleep(0.01)
+        assert _running(process.pid)
+        assert process.pid in descendants_of(os.getpid())
+        with pytest.raises(OSError), socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))  # still held: the process is not gone
+        killed = kill_processes(lambda: {process.pid} if _running(process.pid) else set())
+        assert killed == {process.pid} and not _running(process.pid)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))  # free once it is called dead
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_operations_need_a_recorded_cluster(tmp_path: Path) -> None:
     cluster = DevCluster(tmp_path)
     for operation in (cluster.kill_slurmctld, cluster.start_slurmctld, cluster.start_killed):

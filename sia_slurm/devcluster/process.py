@@ -84,9 +84,31 @@ def is_alive(record: DaemonRecord) -> bool:
         return False
     state = stat.rsplit(")", 1)[-1].split()[0]
     if state in ("Z", "X"):
-        return False
+        return _has_live_thread(record.pid)
     # An empty command line is a process still in exec: ours, not yet readable.
     return not cmdline.strip() or record.marker in cmdline
+
+
+def _has_live_thread(pid: int) -> bool:
+    """True when a thread of ``pid`` still runs although its main thread is a zombie.
+
+    A SIGKILLed multi-threaded daemon's main thread can read ``Z`` while its other threads
+    are still exiting, and the process keeps its files until the last one is gone: a slurmctld
+    started again in that window found its port "already in use" (loaded run 19). Such a
+    process is not dead yet.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def stop_daemons(records: Sequence[DaemonRecord], timeout_s: float = 15.0) -> list[str]:
@@ -182,7 +204,8 @@ def kill_processes(find: Callable[[], set[int]], timeout_s: float = 10.0) -> set
 
 
 def process_parents() -> dict[int, int]:
-    """pid -> parent pid of every live process (zombies left out)."""
+    """pid -> parent pid of every live process (zombies left out, but not a process whose
+    main thread alone has exited: :func:`_has_live_thread`)."""
     parents = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -192,7 +215,7 @@ def process_parents() -> dict[int, int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[-1].split()
-        if fields and fields[0] not in ("Z", "X"):
+        if fields and (fields[0] not in ("Z", "X") or _has_live_thread(int(entry.name))):
             parents[int(entry.name)] = int(fields[1])
     return parents
 
