@@ -507,10 +507,16 @@ def test_root_is_untouched_and_the_honest_user_was_scheduled_throughout(
     assert sha256(site.sentinel) == site.sentinel_sum
     bob_job, bob_id = jobs["bob"]
     site.rounds_until("bob's job as assigned", lambda: site.runs_as_assigned(bob_job, bob_id))
+
+    def reported() -> bool:
+        with sqlite3.connect(site.paths.state_dir / "sia.db") as db:
+            (when,) = db.execute(
+                "SELECT last_report_time FROM jobs WHERE sia_id = ?", (bob_id,)
+            ).fetchone()
+        return when is not None and when > 0
+
+    # His metrics reach the controller: a round reads them once his job has written them (at
+    # load its first report can come after the round that saw it running: loaded run 20).
+    site.rounds_until("bob's metrics read by the controller", reported)
     assert site.job(bob_job).restart_count == 0  # never stopped, requeued or relaunched
     assert not site.job(bob_job).finished
-    with sqlite3.connect(site.paths.state_dir / "sia.db") as db:
-        (reported,) = db.execute(
-            "SELECT last_report_time FROM jobs WHERE sia_id = ?", (bob_id,)
-        ).fetchone()
-    assert reported > 0  # his metrics reached the controller
