@@ -234,7 +234,7 @@ def _running(pid: int) -> bool:
 
 
 ZOMBIE_LEADER = """
-import ctypes, socket, sys, threading, time
+import ctypes, socket, threading, time
 listener = socket.socket()
 listener.bind(("127.0.0.1", 0))
 listener.listen()

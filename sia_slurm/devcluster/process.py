@@ -82,11 +82,19 @@ def is_alive(record: DaemonRecord) -> bool:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    if state in ("Z", "X"):
+    if _stat_fields(stat)[0] in EXITED:
         return _has_live_thread(record.pid)
     # An empty command line is a process still in exec: ours, not yet readable.
     return not cmdline.strip() or record.marker in cmdline
+
+
+EXITED = ("Z", "X")  # a /proc stat state: zombie or dead
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` line after the command name (state first); the
+    name is in parentheses and may itself hold spaces and parentheses."""
+    return stat.rsplit(")", 1)[-1].split()
 
 
 def _has_live_thread(pid: int) -> bool:
@@ -106,7 +114,7 @@ def _has_live_thread(pid: int) -> bool:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        if stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X"):
+        if _stat_fields(stat)[0] not in EXITED:
             return True
     return False
 
@@ -214,8 +222,8 @@ def process_parents() -> dict[int, int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if fields and (fields[0] not in ("Z", "X") or _has_live_thread(int(entry.name))):
+        fields = _stat_fields(stat)
+        if fields and (fields[0] not in EXITED or _has_live_thread(int(entry.name))):
             parents[int(entry.name)] = int(fields[1])
     return parents
 
