@@ -60,6 +60,14 @@ class AccountingLayout:
         return self.mariadb_run / "mysqld.sock"
 
     @property
+    def mariadb_tmp(self) -> Path:
+        """MariaDB's own tmpdir. Never the shared /tmp: a starting mariadbd deletes every
+        ``#sql*`` file in its tmpdir as left over from its last run, and that included another
+        cluster's bootstrap tables there (loaded run 25: "Could not remove temporary table
+        '/tmp/#sql-temptable-...', error: 2", then "Unknown table 'mysql.tmp_user_sys'")."""
+        return self.mariadb_run / "tmp"
+
+    @property
     def mariadb_port(self) -> int:
         return self.port_base + self.nodes + 1
 
@@ -196,7 +204,7 @@ def start_mariadb(layout: AccountingLayout, binaries: AccountingPrograms) -> Dae
         raise DevClusterError(
             f"account {DB_USER!r} missing: it comes with Debian's mariadb-server"
         ) from None
-    for directory in (layout.db_dir, layout.mariadb_run):
+    for directory in (layout.db_dir, layout.mariadb_run, layout.mariadb_tmp):
         directory.mkdir(parents=True, exist_ok=True)
         os.chown(directory, account.pw_uid, account.pw_gid)
     if not (layout.db_dir / "mysql").is_dir():
@@ -208,6 +216,7 @@ def start_mariadb(layout: AccountingLayout, binaries: AccountingPrograms) -> Dae
                 f"--datadir={layout.db_dir}",
                 "--auth-root-authentication-method=socket",
                 "--skip-test-db",
+                f"--tmpdir={layout.mariadb_tmp}",  # passed on to the bootstrap mariadbd
             ],
             "mariadb-install-db",
         )
@@ -223,6 +232,7 @@ def start_mariadb(layout: AccountingLayout, binaries: AccountingPrograms) -> Dae
             f"--user={DB_USER}",
             f"--datadir={layout.db_dir}",
             f"--socket={layout.mariadb_socket}",
+            f"--tmpdir={layout.mariadb_tmp}",
             f"--port={layout.mariadb_port}",
             "--bind-address=127.0.0.1",
             "--skip-name-resolve",

@@ -9,6 +9,7 @@ tests/conftest.py).
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sia_slurm.devcluster import DevCluster, DevClusterSpec
 from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
 from sia_slurm.slurm.accounting import AccountingReader
-from tests.accounting_site import ACCOUNTING_SPEC
+from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_SPEC
 from tests.accounts import SharedTmp, TestAccounts
 from tests.release import TEST_PORT_BASE, TEST_SLURM
 
@@ -48,6 +49,18 @@ def test_associations_and_limits_reach_slurm(accounting_cluster: DevCluster) -> 
     assert site is not None
     assert site.qos["short"].per_job_typed == (("a100", 2),)
     assert site.qos["short"].gpus_per_user == 6 and site.qos["short"].gpus_per_job is None
+
+
+def test_mariadb_keeps_its_temporary_files_to_itself(accounting_cluster: DevCluster) -> None:
+    """Its tmpdir is the cluster's own: a mariadbd starting with the shared /tmp deletes every
+    ``#sql*`` file there, another cluster's bootstrap tables included (loaded run 25)."""
+    layout = accounting_cluster.accounting_layout(DevClusterSpec.parse(ACCOUNTING_CLUSTER))
+    ask = ["mariadb", "--no-defaults", "-S", str(layout.mariadb_socket), "-u", "root"]
+    tmpdir = subprocess.run(
+        [*ask, "-N", "-B", "-e", "SELECT @@tmpdir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert tmpdir == str(layout.mariadb_tmp)
+    assert layout.mariadb_tmp.stat().st_mode & 0o777 == 0o755  # not a world-writable /tmp
 
 
 def wait_for_empty_queue(cluster: DevCluster, timeout_s: float = 60.0) -> None:
