@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, contr
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import MetricsReport, ProtocolError, StatePaths, read_document
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.calls import STALE_ERRNO_MESSAGES
+from sia_slurm.slurm.calls import STALE_ERRNO_MESSAGES, UPDATE_MAX_PAUSE_S
 from sia_slurm.slurm.hostlist import expand_hostlist
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import SubprocessRunner
@@ -443,6 +444,7 @@ def all_stopped(ks: KillSite) -> bool:
 # slurmctld's log line for an update it refused with the stale errno of a job update without
 # slurmdbd (sia_slurm/slurm/calls.py, STALE_ERRNO_MESSAGES): its time and the refusal.
 REFUSAL = re.compile(r"^\[(\S+)\] _slurm_rpc_update_job: JobId=\d+ uid=\d+: (.*)$")
+RETRY_GAP_S = UPDATE_MAX_PAUSE_S + 2.0
 
 
 def stale_errno_refusals(log: Path) -> list[float]:
@@ -460,10 +462,11 @@ def refused_for_now_message(message: str) -> bool:
 
 
 def refusal_span(refusals: Sequence[float], start: float, end: float) -> float:
-    """Seconds from the first to the last stale-errno refusal between ``start`` and ``end``:
-    time the controller spent sending an update again, Slurm's and not the recovery's."""
+    """Seconds between ``start`` and ``end`` that the controller spent sending a refused update
+    again (Slurm's time, not the recovery's): the gaps between stale-errno refusals that are at
+    most one of its pauses (and a command) apart."""
     inside = [t for t in refusals if start <= t <= end]
-    return inside[-1] - inside[0] if inside else 0.0
+    return sum(b - a for a, b in pairwise(inside) if b - a <= RETRY_GAP_S)
 
 
 def check_exactly_once(ks: KillSite) -> None:
