@@ -27,6 +27,7 @@ from sia_slurm.devcluster.lifecycle import (
 )
 from sia_slurm.devcluster.process import (
     DaemonRecord,
+    _stat_fields,
     descendants,
     is_alive,
     kill_processes,
@@ -255,7 +256,7 @@ def test_a_process_whose_main_thread_exited_is_alive_until_its_last_thread_is_go
         assert process.stdout is not None
         port = int(process.stdout.readline())
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+        while _stat_fields(Path(f"/proc/{process.pid}/stat").read_text())[0] != "Z":
             assert time.monotonic() < deadline, "the main thread did not exit"
             time.sleep(0.01)
         assert _running(process.pid)

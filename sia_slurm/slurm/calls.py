@@ -109,6 +109,10 @@ class SlurmCalls:
 def refused_for_now(argv: Sequence[str], stderr: str) -> bool:
     """Whether Slurm refused an ``scontrol update`` with a stale errno
     (:data:`STALE_ERRNO_MESSAGES`), which the same update sent again may not meet."""
-    return list(argv[:2]) == ["scontrol", "update"] and any(
-        message in stderr for message in STALE_ERRNO_MESSAGES
-    )
+    return list(argv[:2]) == ["scontrol", "update"] and is_stale_errno(stderr)
+
+
+def is_stale_errno(text: str) -> bool:
+    """Whether ``text`` (a command's stderr, or a message that quotes it) holds one of
+    :data:`STALE_ERRNO_MESSAGES`."""
+    return any(message in text for message in STALE_ERRNO_MESSAGES)

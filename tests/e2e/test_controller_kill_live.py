@@ -46,7 +46,7 @@ from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, contr
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import MetricsReport, ProtocolError, StatePaths, read_document
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.calls import STALE_ERRNO_MESSAGES, UPDATE_MAX_PAUSE_S
+from sia_slurm.slurm.calls import UPDATE_MAX_PAUSE_S, is_stale_errno
 from sia_slurm.slurm.hostlist import expand_hostlist
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import SubprocessRunner
@@ -442,7 +442,7 @@ def all_stopped(ks: KillSite) -> bool:
 
 
 # slurmctld's log line for an update it refused with the stale errno of a job update without
-# slurmdbd (sia_slurm/slurm/calls.py, STALE_ERRNO_MESSAGES): its time and the refusal.
+# slurmdbd (sia_slurm/slurm/calls.py, is_stale_errno): its time and the refusal.
 REFUSAL = re.compile(r"^\[(\S+)\] _slurm_rpc_update_job: JobId=\d+ uid=\d+: (.*)$")
 RETRY_GAP_S = UPDATE_MAX_PAUSE_S + 2.0
 
@@ -452,13 +452,9 @@ def stale_errno_refusals(log: Path) -> list[float]:
     times = []
     for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
         match = REFUSAL.match(line)
-        if match and refused_for_now_message(match[2]):
+        if match and is_stale_errno(match[2]):
             times.append(datetime.fromisoformat(match[1]).timestamp())
     return times
-
-
-def refused_for_now_message(message: str) -> bool:
-    return any(text in message for text in STALE_ERRNO_MESSAGES)
 
 
 def refusal_span(refusals: Sequence[float], start: float, end: float) -> float:
@@ -492,7 +488,7 @@ def check_exactly_once(ks: KillSite) -> None:
         if entry["id"] not in last_kill:
             continue
         what = f"interrupted action {entry['id']} ({entry['kind']} {entry['sia_id']})"
-        if entry["state"] == "failed" and refused_for_now_message(entry["message"]):
+        if entry["state"] == "failed" and is_stale_errno(entry["message"]):
             continue  # Slurm's stale errno outlasted the tries: a later round decides anew
         if entry["state"] != "done" or "re-applied" not in entry["message"]:
             problems.append(f"{what} ended {entry['state']}: {entry['message']}")
