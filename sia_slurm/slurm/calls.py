@@ -58,7 +58,7 @@ class SlurmCalls:
                 if attempt == UPDATE_TRIES or not refused_for_now(argv, exc.stderr):
                     raise
                 logger.info("%s: refused (%s), try %d", " ".join(argv), exc.stderr, attempt)
-                self._pause(min(UPDATE_PAUSE_S * 2 ** (attempt - 1), UPDATE_MAX_PAUSE_S))
+                self._pause(update_pause_s(attempt))
         raise AssertionError("unreachable")
 
     def run_quiet(self, argv: list[str]) -> None:
@@ -110,6 +110,14 @@ def refused_for_now(argv: Sequence[str], stderr: str) -> bool:
     """Whether Slurm refused an ``scontrol update`` with a stale errno
     (:data:`STALE_ERRNO_MESSAGES`), which the same update sent again may not meet."""
     return list(argv[:2]) == ["scontrol", "update"] and is_stale_errno(stderr)
+
+
+def update_pause_s(attempt: int) -> float:
+    """The pause after the ``attempt``-th (from 1) refusal of an update with a stale errno:
+    :data:`UPDATE_PAUSE_S`, doubling up to :data:`UPDATE_MAX_PAUSE_S`. Tests that send
+    updates of their own (as another user) wait by the same schedule, so they outlast the
+    same busy spells as the controller."""
+    return min(UPDATE_PAUSE_S * 2 ** (attempt - 1), UPDATE_MAX_PAUSE_S)
 
 
 def is_stale_errno(text: str) -> bool:

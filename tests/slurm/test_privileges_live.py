@@ -20,7 +20,7 @@ import pytest
 
 from sia_slurm.devcluster import DevCluster
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.calls import UPDATE_PAUSE_S, UPDATE_TRIES, refused_for_now
+from sia_slurm.slurm.calls import UPDATE_TRIES, refused_for_now, update_pause_s
 from sia_slurm.slurm.inventory import parse_records
 from sia_slurm.slurm.jsonparse import job_state, number
 from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, run_as
@@ -89,13 +89,15 @@ class Slurm:
     def update(self, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
         """``scontrol update`` as ``user``, sent again while 24.11/26.05 refuse a Partition=
         change with a stale errno, EAGAIN or EINTR (no accounting storage here; the controller
-        does the same: sia_slurm/slurm/calls.py). 22.05 takes it at once, and must."""
+        does the same, backing off by the same schedule: sia_slurm/slurm/calls.py; a fixed
+        0.1 s gave up after 4 s of a spell of refusals at load 16). 22.05 takes it at once,
+        and must."""
         tries = 1 if TEST_RELEASE == "22.05" else UPDATE_TRIES
-        for _ in range(tries):
+        for attempt in range(1, tries + 1):
             result = self.as_user(user, "scontrol", "update", *argv)
-            if not refused_for_now(["scontrol", "update"], result.stderr):
+            if attempt == tries or not refused_for_now(["scontrol", "update"], result.stderr):
                 break
-            time.sleep(UPDATE_PAUSE_S)
+            time.sleep(update_pause_s(attempt))
         return result
 
     def wait(
