@@ -97,6 +97,7 @@ from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 logger = logging.getLogger("sia-launch")
 STOPPED = "stopped on the controller's request"  # the message of a stopped run's record
+STOPPED_LINE = "stopped on request and checkpointed"  # what the job's log says of it
 
 # Set by sbatch at submission from the job's original request; wrong after the controller
 # resized the pending job, and srun reads them as options (docs/slurm-actuation.md).
@@ -381,13 +382,18 @@ def _supervise(
         (the controller's requeue) arrives, not only once srun has exited: Slurm SIGKILLs this
         batch script KillWait after that SIGTERM, and a step slow to end (seen on 26.05 at load
         15: srun "Waiting up to 12 seconds for job step to finish", KillWait 10 s) left the run
-        without its record. Written again, the same, when srun exits."""
+        without its record. Written again, the same, when srun exits. The log line goes out
+        now too, once: the SIGKILL would take it with it (loaded run 30, 22.05)."""
         if stopped_on_request(paths, sia_id, assignment.round_index, *run):
             record_exit(paths, sia_id, allocation, ExitCause.STOPPED, EXIT_STOPPED, STOPPED)
+            said_stopped.append(True)
+            logger.info("[job=%s] %s; exit %d", sia_id, STOPPED_LINE, EXIT_STOPPED)
 
+    said_stopped: list[bool] = []
     status = child.wait(on_terminate=record_if_stopped)
     if stopped_on_request(paths, sia_id, assignment.round_index, *run):
-        logger.info("[job=%s] stopped on request and checkpointed; exit %d", sia_id, EXIT_STOPPED)
+        if not said_stopped:
+            logger.info("[job=%s] %s; exit %d", sia_id, STOPPED_LINE, EXIT_STOPPED)
         return EXIT_STOPPED, ExitCause.STOPPED, STOPPED
     successor = superseded_by(paths, sia_id, *run, job.hostnames)
     if successor is not None:

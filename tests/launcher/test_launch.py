@@ -37,6 +37,7 @@ from sia_slurm.protocol import (
     RunExit,
     RunRefusal,
     StatePaths,
+    StopRequest,
     read_document,
     refusal_name,
     write_document,
@@ -488,6 +489,41 @@ def test_every_run_leaves_how_it_ended_for_the_controller(
     assert (record.cause, record.status) == (cause, exit_status)
     assert (record.slurm_job_id, record.slurm_restart_count) == ("41", 1)
     assert sorted(p.name for p in job_dir.iterdir()) == ["exit-41.1.json", "spec.json"]
+
+
+def test_a_stopped_run_says_so_when_slurms_sigterm_comes_not_only_when_srun_exits(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slurm SIGKILLs the batch script KillWait after its SIGTERM, and srun may still wait for
+    a slow step then (loaded run 30): the record and the log line must be out by the
+    SIGTERM's handling, and the line said once when srun does exit."""
+    config = load_config(config_path)
+    paths = StatePaths(config.state_dir)
+    job_dir = paths.job_dir("s1-abcd")
+    job_dir.mkdir()
+    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
+    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
+    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
+    monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
+    line = "[job=s1-abcd] stopped on request and checkpointed; exit 75"
+    seen_at_sigterm: list[tuple[bool, bool]] = []
+
+    def run(self: _FakeChild, on_terminate: Callable[[], None] | None = None) -> int:
+        write_document(paths.stop_request("s1-abcd"), StopRequest("s1-abcd", 8, 0.0))
+        paths.ack("s1-abcd", 8, "41", 1).touch()  # this run acknowledged the stop
+        assert on_terminate is not None
+        on_terminate()  # Slurm's SIGTERM, srun still waiting for its step
+        seen_at_sigterm.append(((job_dir / "exit-41.1.json").exists(), line in caplog.text))
+        return 143
+
+    child = type("Child", (_FakeChild,), {"terminated": signal.SIGTERM, "wait": run})
+    monkeypatch.setattr(launcher.launch, "_Child", child)
+    with caplog.at_level(logging.INFO, logger="sia-launch"):
+        assert launch(config, "s1-abcd", SLURM) == 75
+    assert seen_at_sigterm == [(True, True)]
+    assert caplog.text.count(line) == 1
+    record = read_document(RunExit, job_dir / "exit-41.1.json")
+    assert (record.cause, record.status) == ("stopped", 75)
 
 
 def test_a_refused_or_invalid_launch_is_recorded_too(
