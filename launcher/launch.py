@@ -376,6 +376,7 @@ def _supervise(
     )
     child = _Child(argv, worker_environment(environ, job))
     run = (allocation.job_id, allocation.restart_count)
+    said_stopped: list[bool] = []  # the stop line went out with the SIGTERM's record
 
     def record_if_stopped() -> None:
         """A run that acknowledged a stop is recorded as stopped as soon as Slurm's SIGTERM
@@ -389,7 +390,6 @@ def _supervise(
             said_stopped.append(True)
             logger.info("[job=%s] %s; exit %d", sia_id, STOPPED_LINE, EXIT_STOPPED)
 
-    said_stopped: list[bool] = []
     status = child.wait(on_terminate=record_if_stopped)
     if stopped_on_request(paths, sia_id, assignment.round_index, *run):
         if not said_stopped:
