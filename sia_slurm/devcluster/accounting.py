@@ -263,19 +263,16 @@ def grant_slurmdbd(layout: AccountingLayout, binaries: AccountingPrograms) -> st
         f"GRANT ALL ON `{DATABASE}`.* TO 'slurm'@'127.0.0.1';"
     )
     _setup(
-        [
-            binaries.mariadb,
-            "--no-defaults",
-            "-S",
-            str(layout.mariadb_socket),
-            "-u",
-            "root",
-            "-e",
-            sql,
-        ],
+        [*root_client(layout, binaries.mariadb), "-e", sql],
         "mariadb (creating slurmdbd's database user)",
     )
     return password
+
+
+def root_client(layout: AccountingLayout, client: str) -> list[str]:
+    """The ``mariadb`` client as the database's root, over the cluster's socket (root's
+    socket authentication: no password), with no option file from the host."""
+    return [client, "--no-defaults", "-S", str(layout.mariadb_socket), "-u", "root"]
 
 
 def write_slurmdbd_conf(

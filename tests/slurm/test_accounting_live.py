@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sia_slurm.devcluster import DevCluster, DevClusterSpec
+from sia_slurm.devcluster.accounting import root_client
 from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
 from sia_slurm.slurm.accounting import AccountingReader
@@ -55,10 +56,8 @@ def test_mariadb_keeps_its_temporary_files_to_itself(accounting_cluster: DevClus
     """Its tmpdir is the cluster's own: a mariadbd starting with the shared /tmp deletes every
     ``#sql*`` file there, another cluster's bootstrap tables included (loaded run 25)."""
     layout = accounting_cluster.accounting_layout(DevClusterSpec.parse(ACCOUNTING_CLUSTER))
-    ask = ["mariadb", "--no-defaults", "-S", str(layout.mariadb_socket), "-u", "root"]
-    tmpdir = subprocess.run(
-        [*ask, "-N", "-B", "-e", "SELECT @@tmpdir"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    query = [*root_client(layout, "mariadb"), "-N", "-B", "-e", "SELECT @@tmpdir"]
+    tmpdir = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip()
     assert tmpdir == str(layout.mariadb_tmp)
     assert layout.mariadb_tmp.stat().st_mode & 0o777 == 0o755  # not a world-writable /tmp
 
