@@ -106,7 +106,12 @@ def dev_cluster(
     shared_tmp: SharedTmp,
     dev_cluster_spec: DevClusterSpec,
     test_accounts: TestAccounts,
+    shared_python: str,
 ) -> Iterator[DevCluster]:
+    """The session's dev cluster. This Python is shared first: a release's root copies the
+    modes of the host directories above it (/root) when it is mounted, so a grant made after
+    that would not reach the jobs (seen: a session whose first test was the privileges test
+    ran its users' jobs into "Permission denied" on 26.05)."""
     root = shared_tmp.mktemp("dev-cluster")
     cluster = DevCluster(
         root, port_base=TEST_PORT_BASE, slurm_user=test_accounts.service.name, slurm=TEST_SLURM
@@ -130,10 +135,12 @@ def slurm_env(dev_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> dict[
 
 
 @pytest.fixture(scope="session")
-def accounting_cluster(shared_tmp: SharedTmp, test_accounts: TestAccounts) -> Iterator[DevCluster]:
+def accounting_cluster(
+    shared_tmp: SharedTmp, test_accounts: TestAccounts, shared_python: str
+) -> Iterator[DevCluster]:
     """A dev cluster of the session's Slurm release with accounting: ``biology`` limited to 4
     GPUs (GrpTRES), ``physics`` twice its share, QOS ``short`` at 6 GPUs per user and 2
-    A100s per job."""
+    A100s per job. This Python is shared first, as for :func:`dev_cluster`."""
     cluster = DevCluster(
         shared_tmp.mktemp("accounting-cluster"),
         port_base=TEST_PORT_BASE + ACCOUNTING_PORT_OFFSET,

@@ -11,31 +11,41 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.runner import CommandError, CommandRunner
+from sia_slurm.slurm.runner import CommandError, CommandResult, CommandRunner
 from sia_slurm.slurm.settings import SlurmSettings, parse_settings
 
 logger = logging.getLogger(__name__)
+
+Outcome = TypeVar("Outcome")
 
 # Slurm 24.11 and 26.05 without accounting storage refuse an `scontrol update` that changes
 # Partition= now and then: exit 1, "Resource temporarily unavailable for job J". slurmctld's
 # _update_job (src/slurmctld/job_mgr.c, also on Slurm's master) asks _retrieve_new_assoc for
 # the job's association in the new partition; without slurmdbd there is none, NULL comes back
-# with errno untouched, and the update fails with whatever errno the RPC thread last set
-# (often EAGAIN, more often under load). 22.05 never refused one here. The same update sent
-# again takes once errno happens to be 0: measured on 24.11.5, 40 updates as root took 1-4
-# tries; on 26.05.5 beside a busy test session 45 updates (root, SlurmUser, the job's owner)
-# took 1 to over 10. The stale errno can be EINTR too ("Interrupted system call", seen on
-# 24.11.5 under load). Sites with slurmdbd find the association and are not affected.
+# with errno untouched, and the update fails with whatever errno the thread that runs the RPC
+# last set. 22.05 never refused one here. Seen with strace on 26.05.5 (2026-11-27): slurmctld's
+# connection manager hands each RPC to one of its worker threads, and every worker's errno is
+# EAGAIN after it has sent a reply (a non-blocking recvfrom peek) or read munged's answer while
+# checking a credential; the update is taken only when the worker that runs it cleared errno on
+# the way. The stale errno can be EINTR too ("Interrupted system call", seen on 24.11.5 under
+# load). Sites with slurmdbd find the association and are not affected.
 STALE_ERRNO_MESSAGES = ("Resource temporarily unavailable", "Interrupted system call")
-# Sent again after 0.1 s, doubling up to 1 s: about 27 s in all over 30 tries. A fixed 0.1 s
-# (3 s in all) was not enough at load average 15 on 26.05 (all 30 refused, in the test suite
-# beside three other sessions): the errno left over is EAGAIN as long as the RPC threads are
-# busy, so the tries must outlast a busy spell, not come faster.
+# Which worker runs an update, and so whether it is taken, is luck, and worse luck under load:
+# on 26.05.5 with both cores busy one update sent again every 0.1 s took 10 tries on average
+# and up to 35 (40 updates), so 30 tries failed about one update in 25. Identical updates sent
+# at once land on different workers: three at once took 1.6 tries on average, 7 at most (25
+# updates; two: 2.4; four: 1.6). So after a refusal the update goes out as
+# UPDATE_COPIES copies at once; they are idempotent (absolute values, and once one copy has
+# moved the job, the others name the partition it is in, which Slurm takes without asking for
+# an association). Between tries: 0.1 s, doubling to 1 s (about 27 s over 30 tries).
 UPDATE_TRIES = 30
 UPDATE_PAUSE_S = 0.1
 UPDATE_MAX_PAUSE_S = 1.0
+UPDATE_COPIES = 3
 
 
 class SlurmCalls:
@@ -43,23 +53,31 @@ class SlurmCalls:
 
     def __init__(self, runner: CommandRunner, pause: Callable[[float], None] = time.sleep) -> None:
         self.runner = runner
-        self._pause = pause  # between tries of an update refused with EAGAIN
+        self._pause = pause  # between tries of an update refused with a stale errno
         self._settings: SlurmSettings | None = None
 
     def run(self, argv: list[str]) -> str:
         """Run a command that must succeed (:class:`CommandError` otherwise); its stdout. An
-        ``scontrol update`` refused with a stale errno is sent again after
-        :data:`UPDATE_PAUSE_S`, doubling up to :data:`UPDATE_MAX_PAUSE_S`, up to
-        :data:`UPDATE_TRIES` times (see :data:`STALE_ERRNO_MESSAGES`)."""
-        for attempt in range(1, UPDATE_TRIES + 1):
+        ``scontrol update`` refused with a stale errno is sent again as
+        :func:`send_until_taken` says (see :data:`STALE_ERRNO_MESSAGES`)."""
+
+        def send() -> CommandResult | CommandError:
             try:
-                return self.runner.run(argv).stdout
+                return self.runner.run(argv)
             except CommandError as exc:
-                if attempt == UPDATE_TRIES or not refused_for_now(argv, exc.stderr):
-                    raise
-                logger.info("%s: refused (%s), try %d", " ".join(argv), exc.stderr, attempt)
-                self._pause(update_pause_s(attempt))
-        raise AssertionError("unreachable")
+                return exc
+
+        def refused(outcome: CommandResult | CommandError) -> bool:
+            return isinstance(outcome, CommandError) and refused_for_now(argv, outcome.stderr)
+
+        def pause(attempt: int) -> None:
+            logger.info("%s: refused for now, try %d", " ".join(argv), attempt)
+            self._pause(update_pause_s(attempt))
+
+        outcome = send_until_taken(send, refused, pause, taken=_succeeded)
+        if isinstance(outcome, CommandError):
+            raise outcome
+        return outcome.stdout
 
     def run_quiet(self, argv: list[str]) -> None:
         """Run a command whose failure for some jobs is expected (they already ended). Never
@@ -110,6 +128,33 @@ def refused_for_now(argv: Sequence[str], stderr: str) -> bool:
     """Whether Slurm refused an ``scontrol update`` with a stale errno
     (:data:`STALE_ERRNO_MESSAGES`), which the same update sent again may not meet."""
     return list(argv[:2]) == ["scontrol", "update"] and is_stale_errno(stderr)
+
+
+def send_until_taken(
+    send: Callable[[], Outcome],
+    refused: Callable[[Outcome], bool],
+    pause: Callable[[int], None],
+    taken: Callable[[Outcome], bool] = lambda outcome: True,
+) -> Outcome:
+    """Send an update once; while every outcome is :data:`refused` for now, ``pause(attempt)``
+    and send :data:`UPDATE_COPIES` copies at once, up to :data:`UPDATE_TRIES` tries. Returns
+    an outcome that is not refused (a ``taken`` one first: a copy that succeeded wins over one
+    that failed otherwise), or the last refusal. The controller and the tests that send updates
+    as other users share it, so both outlast the same refusals."""
+    outcome = send()
+    for attempt in range(1, UPDATE_TRIES):
+        if not refused(outcome):
+            return outcome
+        pause(attempt)
+        with ThreadPoolExecutor(max_workers=UPDATE_COPIES) as pool:
+            outcomes = list(pool.map(lambda _: send(), range(UPDATE_COPIES)))
+        answered = [o for o in outcomes if not refused(o)]
+        outcome = next((o for o in answered if taken(o)), answered[0] if answered else outcomes[-1])
+    return outcome
+
+
+def _succeeded(outcome: CommandResult | CommandError) -> bool:
+    return isinstance(outcome, CommandResult)
 
 
 def update_pause_s(attempt: int) -> float:

@@ -20,7 +20,7 @@ import pytest
 
 from sia_slurm.devcluster import DevCluster
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.calls import UPDATE_TRIES, refused_for_now, update_pause_s
+from sia_slurm.slurm.calls import refused_for_now, send_until_taken, update_pause_s
 from sia_slurm.slurm.inventory import parse_records
 from sia_slurm.slurm.jsonparse import job_state, number
 from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, run_as
@@ -88,17 +88,21 @@ class Slurm:
 
     def update(self, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
         """``scontrol update`` as ``user``, sent again while 24.11/26.05 refuse a Partition=
-        change with a stale errno, EAGAIN or EINTR (no accounting storage here; the controller
-        does the same, backing off by the same schedule: sia_slurm/slurm/calls.py; a fixed
-        0.1 s gave up after 4 s of a spell of refusals at load 16). 22.05 takes it at once,
-        and must."""
-        tries = 1 if TEST_RELEASE == "22.05" else UPDATE_TRIES
-        for attempt in range(1, tries + 1):
-            result = self.as_user(user, "scontrol", "update", *argv)
-            if attempt == tries or not refused_for_now(["scontrol", "update"], result.stderr):
-                break
-            time.sleep(update_pause_s(attempt))
-        return result
+        change with a stale errno, EAGAIN or EINTR (no accounting storage here), exactly as the
+        controller sends its own (sia_slurm/slurm/calls.py: copies at once, backing off; one
+        update sent again alone every 0.1 s, then by the backoff alone, gave up at load 16).
+        22.05 takes it at once, and must."""
+        update = ["scontrol", "update", *argv]
+
+        def refused(result: subprocess.CompletedProcess[str]) -> bool:
+            return TEST_RELEASE != "22.05" and refused_for_now(update, result.stderr)
+
+        return send_until_taken(
+            lambda: self.as_user(user, *update),
+            refused,
+            lambda attempt: time.sleep(update_pause_s(attempt)),
+            taken=lambda result: result.returncode == 0,
+        )
 
     def wait(
         self, job_id: str, done: Callable[[dict[str, str]], bool], timeout_s: float = 60

@@ -12,9 +12,6 @@ rule (a start time in the past, as ``StartTime=now``) the same test failed at re
 
 from __future__ import annotations
 
-import multiprocessing
-import signal
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +19,7 @@ import pytest
 
 from sia_slurm.cluster import JobPhase, Move, Start
 from sia_slurm.devcluster import DevCluster
+from tests.cpuload import busy_cores
 from tests.slurm.test_backend_live import backend_for, placed, wait_for_phase
 
 pytestmark = pytest.mark.slurm
@@ -29,25 +27,11 @@ pytestmark = pytest.mark.slurm
 RELAUNCHES = 20
 
 
-def _spin(seconds: float) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler inherited from the suite
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        pass
-
-
 @pytest.fixture
 def cpu_load() -> Iterator[None]:
     """Both cores busy, as on a loaded CI machine (where the race was seen)."""
-    spinners = [multiprocessing.Process(target=_spin, args=(600.0,)) for _ in range(2)]
-    for spinner in spinners:
-        spinner.start()
-    try:
+    with busy_cores():
         yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.join()
 
 
 def test_twenty_relaunches_in_place_under_load_all_run(
