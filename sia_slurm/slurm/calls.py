@@ -38,10 +38,11 @@ STALE_ERRNO_MESSAGES = ("Resource temporarily unavailable", "Interrupted system 
 # on 26.05.5 with both cores busy one update sent again every 0.1 s took 10 tries on average
 # and up to 35 (40 updates), so 30 tries failed about one update in 25. Identical updates sent
 # at once land on different workers: three at once took 1.6 tries on average, 7 at most (25
-# updates; two: 2.4; four: 1.6). So after a refusal the update goes out as
-# UPDATE_COPIES copies at once; they are idempotent (absolute values, and once one copy has
-# moved the job, the others name the partition it is in, which Slurm takes without asking for
-# an association). Between tries: 0.1 s, doubling to 1 s (about 27 s over 30 tries).
+# updates, with more busy processes than that; two: 2.4; four: 1.6). So after a refusal the
+# update goes out as UPDATE_COPIES copies at once; they are idempotent (absolute values, and
+# once one copy has moved the job, the others name the partition it is in, which Slurm takes
+# without asking for an association). Between tries: 0.1 s, doubling to 1 s (about 27 s over
+# 30 tries).
 UPDATE_TRIES = 30
 UPDATE_PAUSE_S = 0.1
 UPDATE_MAX_PAUSE_S = 1.0
