@@ -137,7 +137,7 @@ def send_until_taken(
     pause: Callable[[int], None],
     taken: Callable[[Outcome], bool] = lambda outcome: True,
 ) -> Outcome:
-    """Send an update once; while every outcome is :data:`refused` for now, ``pause(attempt)``
+    """Send an update once; while every outcome is ``refused`` for now, ``pause(attempt)``
     and send :data:`UPDATE_COPIES` copies at once, up to :data:`UPDATE_TRIES` tries. Returns
     an outcome that is not refused (a ``taken`` one first: a copy that succeeded wins over one
     that failed otherwise), or the last refusal. The controller and the tests that send updates
