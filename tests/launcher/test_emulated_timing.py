@@ -160,11 +160,14 @@ def test_emulated_step_costs_little_cpu_at_a_large_batch(tmp_path: Path):
     """ncf on rtx at a local batch of 32,768: the profile (profiles/ncf/seed.csv) measured a
     20 ms step; the demo's emulated trainer reported 0.49 s there (it collated 32,768 samples
     one by one, 2.4 s of CPU per step here). Its own CPU work per step must now be a small
-    part of the step: under 25% (5 ms) of CPU time, which a crowded machine does not change,
-    so with the pacing above its reported step is the profile's wherever it gets the CPU it
-    needs. The wall-clock step it reports is a benchmark, not asserted here (it depends on the
-    machine's load): 19.7-20.0 ms at load 12 on the shared 2-core machine, 33.5 ms at load 16,
-    when a process gets an eighth of a core (issue 19's report)."""
+    part of the step, under half of it (10 ms), so that the pacing above sleeps the rest and
+    its reported step is the profile's wherever it gets the CPU it needs. CPU time is not
+    quite free of the machine's load (caches refilled after every switch): 2.8-4.1 ms per step
+    at load 3-4, 5.9 ms once at load 14 in a loaded run of the suite (2026-11-27), where a
+    bound of 25% (5 ms) failed. The wall-clock step it reports is a benchmark, not asserted
+    here (it depends on the machine's load): 19.7-20.0 ms at load 12 on the shared 2-core
+    machine, 33.5 ms at load 16, when a process gets an eighth of a core (issue 19's
+    report)."""
     root = default_profiles_dir()
     profile = load_app_profile(root / "ncf", load_gpu_types(root / GPU_TYPES_FILE))
     (measured,) = [
@@ -183,5 +186,5 @@ def test_emulated_step_costs_little_cpu_at_a_large_batch(tmp_path: Path):
     report = _run(tmp_path / "many", 41, batch)
     per_step = (time.process_time() - before - setup) / 40
     assert report["local_bsz"] == batch and report["steps"] == 41
-    assert per_step < 0.25 * measured.step_time
+    assert per_step < 0.5 * measured.step_time, f"{per_step * 1000:.1f} ms of CPU per step"
     assert report["step_time"] >= 0.9 * measured.step_time  # paced, never faster than profiled
