@@ -594,7 +594,10 @@ def test_a_run_left_behind_by_a_dead_slurmd_stops_when_the_job_runs_elsewhere(
     record = faults.wait(left_behind_exit, f"the run {left_behind} left behind to exit")
     assert (record["cause"], record["status"]) == ("superseded", 76), record
     events = site.events("orphan")
-    assert not [e for e in events if e["event"] == "rebatch" and e["time"] > restarted], events
+    # The old run adopted nothing; the new run may be rebatched by the next rounds (seen on
+    # 26.05 in a loaded run: round 3 changed its batch 0.2 s after it started).
+    adopted = [e for e in events if e["event"] == "rebatch" and e["run"] == left_behind]
+    assert not [e for e in adopted if e["time"] > restarted], events
     assert [e["run"] for e in events if e["event"] == "superseded"] == [resumed["run"]]
     cluster.start_slurmd(victim)
     faults.finish_all()

@@ -269,7 +269,8 @@ class ProtocolJob:
             if latest.slurm_job_id == assignment.slurm_job_id and (
                 latest.slurm_restart_count == assignment.slurm_restart_count
             ):  # for this run: a rebatch (another run's: the caller exits, superseded)
-                self.log("rebatch", round=latest.round_index, batch_size=latest.batch_size)
+                run = [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]  # who adopted
+                self.log("rebatch", round=latest.round_index, batch_size=latest.batch_size, run=run)
             return latest
         return assignment
 
