@@ -20,6 +20,7 @@ from sia_slurm.devcluster.accounting import root_client
 from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
 from sia_slurm.slurm.accounting import AccountingReader
+from sia_slurm.slurm.runner import CommandRunner
 from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_SPEC
 from tests.accounts import SharedTmp, TestAccounts
 from tests.release import TEST_PORT_BASE, TEST_SLURM
@@ -71,6 +72,29 @@ def wait_for_empty_queue(cluster: DevCluster, timeout_s: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+def states_once_judged(
+    runner: CommandRunner, running: str, waiting: tuple[str, ...], timeout_s: float = 90
+) -> dict[str, tuple[str, str]]:
+    """Each job's (state, reason) in squeue once ``running`` runs and Slurm has judged every
+    ``waiting`` job, none of which may start meanwhile. 26.05 lists waiting jobs first with
+    reason None; 22.05 gave one reason Priority at its submission once, in a loaded run (a job
+    not first in its partition's queue when it comes: _top_priority, job_mgr.c) and judges its
+    limits at the main scheduler's next pass (every second here)."""
+    undecided = {"None", "Priority"}
+    jobs = ",".join((running, *waiting))
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, tuple[str, str]] = {}
+    while time.monotonic() < deadline:
+        out = runner.run(["squeue", "-h", "-o", "%i %T %r", "-j", jobs]).stdout
+        states = {line.split()[0]: (line.split()[1], line.split()[2]) for line in out.splitlines()}
+        assert all(states.get(j, ("PENDING",))[0] == "PENDING" for j in waiting), states
+        reasons = {states.get(j, ("", "None"))[1] for j in waiting}
+        if states.get(running, ("",))[0] == "RUNNING" and not reasons & undecided:
+            break
+        time.sleep(0.5)
+    return states
+
+
 def test_slurm_enforces_grptres_and_sacct_keeps_comments(accounting_cluster: DevCluster) -> None:
     runner = accounting_cluster.runner()
     wait_for_empty_queue(accounting_cluster)
@@ -90,29 +114,14 @@ def test_slurm_enforces_grptres_and_sacct_keeps_comments(accounting_cluster: Dev
         "--gpus-per-node=a100:3",
         "--wrap", "sleep 1",
     )  # fmt: skip
-    # Until the scheduler has judged both waiting jobs. 26.05 lists them first with reason
-    # None; 22.05 gave the typed job reason Priority at its submission once, in a loaded run
-    # (a job not first in its partition's queue when it comes: _top_priority, job_mgr.c) and
-    # judges its QOS limit at the main scheduler's next pass (every second here). The first
-    # job runs until cancelled, so a longer wait cannot outlast it.
-    undecided = ("None", "Priority")
-    deadline = time.monotonic() + 90
-    states: dict[str, tuple[str, str]] = {}
-    while time.monotonic() < deadline:
-        out = runner.run(
-            ["squeue", "-h", "-o", "%i %T %r", "-j", f"{first},{second},{typed}"]
-        ).stdout
-        states = {line.split()[0]: tuple(line.split()[1:3]) for line in out.splitlines()}
-        assert all(states.get(j, ("PENDING",))[0] == "PENDING" for j in (second, typed)), states
-        reasons = [states.get(j, ("", "None"))[1] for j in (second, typed)]
-        if states.get(first, ("",))[0] == "RUNNING" and not set(reasons) & set(undecided):
-            break
-        time.sleep(0.5)
-    # 4 GPUs of biology's 4 are held: the 5th waits on the association's limit.
-    assert states[first][0] == "RUNNING", states
-    assert states[second] == ("PENDING", "AssocGrpGRES"), states
-    assert states[typed] == ("PENDING", "QOSMaxGRESPerJob"), states
-    runner.run(["scancel", first, second, typed])
+    try:
+        states = states_once_judged(runner, first, (second, typed))
+        # 4 GPUs of biology's 4 are held: the 5th waits on the association's limit.
+        assert states[first][0] == "RUNNING", states
+        assert states[second] == ("PENDING", "AssocGrpGRES"), states
+        assert states[typed] == ("PENDING", "QOSMaxGRESPerJob"), states
+    finally:  # the first job runs until cancelled: never left to the next test
+        runner.run(["scancel", first, second, typed], check=False)
     deadline = time.monotonic() + 30
     rows: list[str] = []
     while time.monotonic() < deadline:
