@@ -376,7 +376,14 @@ def _supervise(
     )
     child = _Child(argv, worker_environment(environ, job))
     run = (allocation.job_id, allocation.restart_count)
-    said_stopped = False  # the stop line went out with the SIGTERM's record
+    said_stopped = False
+
+    def say_stopped() -> None:
+        """The stop line, once: at the SIGTERM's record or when srun exits."""
+        nonlocal said_stopped
+        if not said_stopped:
+            said_stopped = True
+            logger.info("[job=%s] %s; exit %d", sia_id, STOPPED_LINE, EXIT_STOPPED)
 
     def record_if_stopped() -> None:
         """A run that acknowledged a stop is recorded as stopped as soon as Slurm's SIGTERM
@@ -385,16 +392,13 @@ def _supervise(
         15: srun "Waiting up to 12 seconds for job step to finish", KillWait 10 s) left the run
         without its record. Written again, the same, when srun exits. The log line goes out
         now too, once: the SIGKILL would take it with it (loaded run 30, 22.05)."""
-        nonlocal said_stopped
         if stopped_on_request(paths, sia_id, assignment.round_index, *run):
             record_exit(paths, sia_id, allocation, ExitCause.STOPPED, EXIT_STOPPED, STOPPED)
-            said_stopped = True
-            logger.info("[job=%s] %s; exit %d", sia_id, STOPPED_LINE, EXIT_STOPPED)
+            say_stopped()
 
     status = child.wait(on_terminate=record_if_stopped)
     if stopped_on_request(paths, sia_id, assignment.round_index, *run):
-        if not said_stopped:
-            logger.info("[job=%s] %s; exit %d", sia_id, STOPPED_LINE, EXIT_STOPPED)
+        say_stopped()
         return EXIT_STOPPED, ExitCause.STOPPED, STOPPED
     successor = superseded_by(paths, sia_id, *run, job.hostnames)
     if successor is not None:

@@ -135,7 +135,7 @@ def send_until_taken(
     send: Callable[[], Outcome],
     refused: Callable[[Outcome], bool],
     pause: Callable[[int], None],
-    taken: Callable[[Outcome], bool] = lambda outcome: True,
+    taken: Callable[[Outcome], bool],
 ) -> Outcome:
     """Send an update once; while every outcome is ``refused`` for now, ``pause(attempt)``
     and send :data:`UPDATE_COPIES` copies at once, up to :data:`UPDATE_TRIES` tries. Returns

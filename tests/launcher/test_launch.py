@@ -441,6 +441,23 @@ class _FakeChild:
         return self.status
 
 
+def granted_job(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SiaConfig, StatePaths, Path]:
+    """Job s1-abcd with its spec, on rtx-1, granted at once (:func:`assignment`): what
+    ``launch`` needs before it runs srun. Returns the config, the state paths, the job's
+    directory."""
+    config = load_config(config_path)
+    paths = StatePaths(config.state_dir)
+    job_dir = paths.job_dir("s1-abcd")
+    job_dir.mkdir()
+    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
+    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
+    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
+    monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
+    return config, paths, job_dir
+
+
 @pytest.mark.parametrize(
     ("status", "terminated", "training", "cause", "exit_status"),
     [
@@ -464,14 +481,7 @@ def test_every_run_leaves_how_it_ended_for_the_controller(
     (``failed``: it spends --max-failures) or Slurm ended the run (brought back), judged from
     srun's status and what the job side left (``training``: None, no task started; "", a task
     started and no trainer; else the trainer's record); the evidence is gone afterwards."""
-    config = load_config(config_path)
-    paths = StatePaths(config.state_dir)
-    job_dir = paths.job_dir("s1-abcd")
-    job_dir.mkdir()
-    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
-    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
-    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
-    monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
+    config, _, job_dir = granted_job(config_path, monkeypatch)
     monkeypatch.setattr(launcher.launch, "slurm_ended", lambda *a: "")  # a healthy cluster
 
     def run(self: _FakeChild, on_terminate: Callable[[], None] | None = None) -> int:
@@ -497,14 +507,7 @@ def test_a_stopped_run_says_so_when_slurms_sigterm_comes_not_only_when_srun_exit
     """Slurm SIGKILLs the batch script KillWait after its SIGTERM, and srun may still wait for
     a slow step then (loaded run 30): the record and the log line must be out by the
     SIGTERM's handling, and the line said once when srun does exit."""
-    config = load_config(config_path)
-    paths = StatePaths(config.state_dir)
-    job_dir = paths.job_dir("s1-abcd")
-    job_dir.mkdir()
-    write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
-    monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
-    monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
-    monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
+    config, paths, job_dir = granted_job(config_path, monkeypatch)
     line = "[job=s1-abcd] stopped on request and checkpointed; exit 75"
     seen_at_sigterm: list[tuple[bool, bool]] = []
 

@@ -137,13 +137,18 @@ class ProtocolJob:
     def restart_count(self) -> int:
         return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
+    @property
+    def own_run(self) -> list[str | int]:
+        """This run's identity, [Slurm job id, restart count], as assignments name runs."""
+        return [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]
+
     def save(self) -> None:
         write_json_atomic(self.checkpoint, {"counter": self.counter})
 
     def run(self) -> int:
         """Run, then leave ``exit-<run>.json`` as sia-launch does: how this run ended."""
         status, cause = self._run()
-        run = (os.environ.get("SLURM_JOB_ID", ""), self.restart_count)
+        run = self.own_run
         if run[0]:
             record = RunExit(self.sia_id, run[0], run[1], cause.value, status, time.time())
             write_document(self.paths.job_dir(self.sia_id) / exit_name(*run), record)
@@ -164,7 +169,7 @@ class ProtocolJob:
             "nodes": int(os.environ.get("SLURM_JOB_NUM_NODES", "0")),
             "gpus_on_node": int(os.environ.get("SLURM_GPUS_ON_NODE", "0")),
         }
-        env["run"] = [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]
+        env["run"] = self.own_run
         wanted = {
             "partition": assignment.partition,
             "nodes": assignment.nodes,
@@ -196,7 +201,7 @@ class ProtocolJob:
                 return self._stop(stop)
             assignment = self._adopt(assignment)
             successor = [assignment.slurm_job_id, assignment.slurm_restart_count]
-            if successor != [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]:
+            if successor != self.own_run:
                 self.log("superseded", run=successor)
                 self._await_successor(successor)
                 return 76, ExitCause.SUPERSEDED
@@ -251,7 +256,7 @@ class ProtocolJob:
         if self.terminated:
             self.log("terminated")
             return 143, ExitCause.TERMINATED
-        run = (os.environ.get("SLURM_JOB_ID", ""), self.restart_count)
+        run = self.own_run
         write_json_atomic(self.paths.ack(self.sia_id, stop.round_index, *run), {})
         self.log("acked", round=stop.round_index)
         deadline = time.time() + self.linger
@@ -269,8 +274,12 @@ class ProtocolJob:
             if latest.slurm_job_id == assignment.slurm_job_id and (
                 latest.slurm_restart_count == assignment.slurm_restart_count
             ):  # for this run: a rebatch (another run's: the caller exits, superseded)
-                run = [os.environ.get("SLURM_JOB_ID", ""), self.restart_count]  # who adopted
-                self.log("rebatch", round=latest.round_index, batch_size=latest.batch_size, run=run)
+                self.log(
+                    "rebatch",
+                    round=latest.round_index,
+                    batch_size=latest.batch_size,
+                    run=self.own_run,  # who adopted it
+                )
             return latest
         return assignment
 
