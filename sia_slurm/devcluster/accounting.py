@@ -32,6 +32,7 @@ from sia_slurm.devcluster.faults import DevClusterError
 from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon
 from sia_slurm.devcluster.render import ClusterLayout
 from sia_slurm.devcluster.spec import DevClusterSpec
+from sia_slurm.safefiles import chown_path
 
 PACKAGES = "slurmdbd mariadb-server"
 DB_PACKAGES = "mariadb-server libmariadb3"
@@ -206,7 +207,8 @@ def start_mariadb(layout: AccountingLayout, binaries: AccountingPrograms) -> Dae
         ) from None
     for directory in (layout.db_dir, layout.mariadb_run, layout.mariadb_tmp):
         directory.mkdir(parents=True, exist_ok=True)
-        os.chown(directory, account.pw_uid, account.pw_gid)
+        # mysql owns these from an earlier run: it could have swapped one for a symlink
+        chown_path(directory, account.pw_uid, account.pw_gid, directory=True)
     if not (layout.db_dir / "mysql").is_dir():
         _setup(
             [
@@ -222,8 +224,7 @@ def start_mariadb(layout: AccountingLayout, binaries: AccountingPrograms) -> Dae
         )
     layout.mariadb_socket.unlink(missing_ok=True)
     log = layout.log_dir / "mariadb.log"
-    log.touch()
-    os.chown(log, account.pw_uid, account.pw_gid)
+    chown_path(log, account.pw_uid, account.pw_gid, directory=False, touch=True)
     record = start_daemon(
         "mariadbd",
         [
@@ -281,14 +282,14 @@ def write_slurmdbd_conf(
     """slurmdbd refuses a config others can read; it must be SlurmUser's, mode 600."""
     path = layout.slurmdbd_conf
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(render_slurmdbd_conf(layout, slurm_user, munge_socket, password))
     user = pwd.getpwnam(slurm_user)
-    os.chown(path, user.pw_uid, user.pw_gid)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchown(fd, user.pw_uid, user.pw_gid)  # the file just created, never by path
+        handle.write(render_slurmdbd_conf(layout, slurm_user, munge_socket, password))
     log = layout.log_dir / "slurmdbd.log"
-    log.touch()
-    os.chown(log, user.pw_uid, user.pw_gid)
+    chown_path(log, user.pw_uid, user.pw_gid, directory=False, touch=True)
 
 
 def start_slurmdbd(

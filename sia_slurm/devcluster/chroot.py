@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Protocol
 
 from sia_slurm.devcluster.roots import MARKER, mounts_under
+from sia_slurm.safefiles import chmod_dir, chmod_path
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 
 SYSTEM = "system"
@@ -271,12 +272,12 @@ exec unshare --user --map-current-user --root="$root" --wd="$wd" {target} "$@"
 def write_wrappers(bin_dir: Path, release: str, mount_point: Path) -> list[Path]:
     """One wrapper per client command in ``bin_dir`` (0755, readable by every account)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(bin_dir, 0o755)
+    chmod_dir(bin_dir, 0o755)
     written = []
     for command in CLIENTS:
         path = bin_dir / command
         path.write_text(wrapper_text(command, release, mount_point))
-        os.chmod(path, 0o755)
+        chmod_path(path, 0o755, directory=False)
         written.append(path)
     return written
 

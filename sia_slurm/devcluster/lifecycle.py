@@ -67,6 +67,7 @@ from sia_slurm.devcluster.render import (
     render_slurm_conf,
 )
 from sia_slurm.devcluster.spec import DevClusterSpec
+from sia_slurm.safefiles import chmod_dir, chmod_path, chown_path
 from sia_slurm.slurm.inventory import parse_nodes
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
@@ -358,8 +359,8 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         # munged insists that its key and key directory are private, and the socket
         # directory must be reachable by every user that submits jobs.
         layout.munge_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(layout.munge_key.parent, 0o700)
-        os.chmod(layout.munge_socket.parent, 0o755)
+        chmod_dir(layout.munge_key.parent, 0o700)
+        chmod_dir(layout.munge_socket.parent, 0o755)
         if not layout.munge_key.exists():
             _run_setup([*programs.argv("mungekey"), "-c", "-k", str(layout.munge_key)])
         shutil.rmtree(layout.state_dir)
@@ -389,7 +390,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         for path, text in files:
             path.write_text(text)
             # Every client and SlurmUser read these; a umask of 077 must not hide them.
-            os.chmod(path, 0o755 if path.suffix == ".sh" else 0o644)
+            chmod_path(path, 0o755 if path.suffix == ".sh" else 0o644, directory=False)
         layout.prolog_failure.parent.mkdir(exist_ok=True)
         layout.prolog_failure.unlink(missing_ok=True)
         if account is not None:
@@ -402,10 +403,9 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         layout = self.layout
         if account.uid == os.geteuid():
             return
-        layout.slurmctld_log.touch()
         layout.slurmctld_pid.unlink(missing_ok=True)
-        for path in (layout.state_dir, layout.slurmctld_log):
-            os.chown(path, account.uid, account.gid)
+        chown_path(layout.state_dir, account.uid, account.gid, directory=True)
+        chown_path(layout.slurmctld_log, account.uid, account.gid, directory=False, touch=True)
 
     def _make_gpu_files(self, spec: DevClusterSpec) -> None:
         """Character devices 195:N (like /dev/nvidiaN) so Slurm sets CUDA_VISIBLE_DEVICES.
