@@ -44,6 +44,25 @@ from sia_slurm.safefiles import (
 PROTOCOL_VERSION = 1
 SIA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
+# Bounds of every field (docs/protocol.md, "Bounds of every field", is :func:`bounds_table`)
+MAX_GPUS = 100_000  # GPUs (and nodes) of one job: past any cluster sia-slurm schedules
+MAX_BATCH = 2**24  # samples in one global or per-GPU batch
+MAX_ACCUM = 2**16  # extra micro-batches per step
+MAX_SECONDS = 1e11  # a time on either clock (year 5138), or a duration
+MAX_STEP_SECONDS = 86_400.0  # one micro-batch
+MAX_GRAD_STAT = 1e30  # a gradient statistic (squared norm, variance)
+MAX_COUNT = 2**62  # rounds, steps
+MAX_RESTARTS = 10**9
+MAX_UID = 2**32 - 1
+MAX_MESSAGE_CHARS = 2000
+
+# Names that reach Slurm's command lines, file names and terminals: one printable token
+# (matched whole, with ``fullmatch``: ``$`` would let a trailing newline through).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+\-]{0,63}")
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}")
+JOB_ID = re.compile(r"[0-9]{0,20}")  # a Slurm job id, or "" for none
+_LINE = re.compile(r"[^\n\t]*")  # one line (the reader refuses the other control characters)
+
 
 # ------------------------------------------------------------------------------------------------
 # Paths
@@ -126,7 +145,7 @@ def refusal_name(slurm_job_id: str, restart_count: int) -> str:
 
 def check_sia_id(sia_id: str) -> str:
     """``sia_id`` if it is a safe file name (letters, digits, ``_.-``; at most 64), else raise."""
-    if not isinstance(sia_id, str) or not SIA_ID.match(sia_id):
+    if not isinstance(sia_id, str) or not SIA_ID.fullmatch(sia_id):
         raise ProtocolError(
             f"sia job id: expected 1-64 letters, digits, '_', '.' or '-' (not starting with "
             f"a punctuation mark), got {sia_id!r}"
@@ -398,8 +417,8 @@ class RunExit:
         except ValueError:
             known = ", ".join(c.value for c in ExitCause)
             raise ProtocolError(f"cause: expected one of {known}, got {self.cause!r}") from None
-        if len(self.message) > 2000:
-            object.__setattr__(self, "message", self.message[:2000])
+        if len(self.message) > MAX_MESSAGE_CHARS:
+            object.__setattr__(self, "message", self.message[:MAX_MESSAGE_CHARS])
 
     @property
     def exit_cause(self) -> ExitCause:
@@ -426,7 +445,7 @@ class RunRefusal:
         check_sia_id(self.sia_id)
         refusal_name(self.slurm_job_id, self.slurm_restart_count)  # validates both
         object.__setattr__(self, "node_list", tuple(self.node_list))
-        object.__setattr__(self, "message", self.message[:2000])
+        object.__setattr__(self, "message", self.message[:MAX_MESSAGE_CHARS])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -473,13 +492,177 @@ def _field_checkers() -> dict[str, Callable[[Any], bool]]:
 _CHECKERS = _field_checkers()
 
 
+# ------------------------------------------------------------------------------------------------
+# Bounds of every field
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What one field may hold: a number in ``[low, high]``, or a string matching ``pattern``
+    (each item of a list of strings), with ``items`` the most a list may hold."""
+
+    low: float | None = None
+    high: float | None = None
+    pattern: re.Pattern[str] | None = None
+    says: str = ""  # the pattern in words, for messages and the docs
+    items: int | None = None
+
+    def problem(self, value: Any) -> str:
+        """Why ``value`` is out of bounds, ``""`` if it is within."""
+        if value is None:
+            return ""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if self.low is not None and value < self.low:
+                return f"expected >= {_number(self.low)}, got {value!r}"
+            if self.high is not None and value > self.high:
+                return f"expected <= {_number(self.high)}, got {value!r}"
+            return ""
+        items = value if isinstance(value, list | tuple) else [value]
+        if self.items is not None and len(items) > self.items:
+            return f"expected at most {self.items} items, got {len(items)}"
+        for item in items:
+            if (
+                self.pattern is not None
+                and isinstance(item, str)
+                and not self.pattern.fullmatch(item)
+            ):
+                return f"expected {self.says}, got {item[:80]!r}"
+        return ""
+
+    def describe(self) -> str:
+        if self.pattern is not None:
+            return self.says + (f", at most {self.items}" if self.items is not None else "")
+        if self.items is not None:
+            return f"at most {self.items} items"
+        return f"{_number(self.low)} .. {_number(self.high)}"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return ""
+    if float(value).is_integer() and abs(value) < 1e12:
+        return str(int(value))
+    return f"{value:g}"
+
+
+_NAME = Bound(pattern=NAME, says="a name: 1-64 letters, digits, '_', '.', '+', '-'")
+_HOST = Bound(pattern=HOST, says="a host name: 1-255 letters, digits, '_', '.', '-'")
+_JOB_ID = Bound(pattern=JOB_ID, says="a Slurm job id (digits) or ''")
+_LINE_TEXT = Bound(pattern=_LINE, says="one line of text")
+_TIME = Bound(0, MAX_SECONDS)
+_ROUND = Bound(0, MAX_COUNT)
+_RESTARTS = Bound(0, MAX_RESTARTS)
+_GPUS = Bound(1, MAX_GPUS)
+_BATCH0 = Bound(0, MAX_BATCH)
+_LOCAL = Bound(1, MAX_BATCH)
+_ACCUM = Bound(0, MAX_ACCUM)
+_STATUS = Bound(-(2**31), 2**31 - 1)
+
+FIELD_BOUNDS: dict[type, dict[str, Bound]] = {
+    JobSpec: {
+        "app": _NAME,
+        "init_batch_size": _BATCH0,
+        "max_batch_size": _BATCH0,
+        "min_gpus": _GPUS,
+        "max_gpus": _GPUS,
+        "requested_gpus": _GPUS,
+        "requested_gpu_type": _NAME,
+        "requested_batch_size": _BATCH0,
+        "restart_cost": Bound(0, MAX_STEP_SECONDS),
+        "submit_time": _TIME,
+        "checkpoint_dir": _LINE_TEXT,
+        "command": Bound(items=1024),
+        "profile": _LINE_TEXT,
+        "owner_uid": Bound(0, MAX_UID),
+        "max_failures": Bound(0, MAX_FAILURES),
+    },
+    Assignment: {
+        "round_index": _ROUND,
+        "gpu_type": _NAME,
+        "partition": _NAME,
+        "nodes": _GPUS,
+        "gpus": _GPUS,
+        "node_list": Bound(pattern=HOST, says=_HOST.says, items=MAX_GPUS),
+        "batch_size": Bound(1, MAX_BATCH),
+        "local_bsz": _LOCAL,
+        "accum_steps": _ACCUM,
+        "restarts": _RESTARTS,
+        "slurm_job_id": _JOB_ID,
+        "slurm_restart_count": _RESTARTS,
+        "not_before": _TIME,
+    },
+    MetricsReport: {
+        "time": _TIME,
+        "gpu_type": _NAME,
+        "nodes": _GPUS,
+        "gpus": _GPUS,
+        "local_bsz": _LOCAL,
+        "accum_steps": _ACCUM,
+        "step_time": Bound(0, MAX_STEP_SECONDS),
+        "sync_time": Bound(0, MAX_STEP_SECONDS),
+        "grad_sqr": Bound(0, MAX_GRAD_STAT),
+        "grad_var": Bound(0, MAX_GRAD_STAT),
+        "steps": _ROUND,
+        "round_index": _ROUND,
+        "slurm_job_id": _JOB_ID,
+        "slurm_restart_count": _RESTARTS,
+        "node_list": Bound(pattern=HOST, says=_HOST.says, items=1024),
+    },
+    StopRequest: {"round_index": _ROUND, "time": _TIME},
+    RunExit: {
+        "slurm_job_id": _JOB_ID,
+        "slurm_restart_count": _RESTARTS,
+        "cause": _NAME,
+        "status": _STATUS,
+        "time": _TIME,
+    },
+    RunRefusal: {
+        "slurm_job_id": _JOB_ID,
+        "slurm_restart_count": _RESTARTS,
+        "node_list": Bound(pattern=HOST, says=_HOST.says, items=1024),
+        "round_index": _ROUND,
+        "time": _TIME,
+    },
+}
+
+
+def bounds_table() -> str:
+    """The Markdown table of every document's fields and bounds (docs/protocol.md holds it;
+    a test keeps the two the same). Every string is also bounded by the reader
+    (:mod:`sia_slurm.safefiles`: printable, at most 4096 characters)."""
+    lines = ["| document | field | type | bounds |", "|---|---|---|---|"]
+    for cls, bounds in FIELD_BOUNDS.items():
+        for spec in fields(cls):
+            if spec.name == "version":
+                continue
+            bound = bounds.get(spec.name)
+            if spec.name == "sia_id":
+                said = "a job id: 1-64 letters, digits, '_', '.', '-'"
+            elif spec.name == "kind":
+                said = ", ".join(k.value for k in JobKind)
+            elif spec.name == "cause":
+                said = ", ".join(c.value for c in ExitCause)
+            elif bound is None:
+                said = "any printable text"
+            else:
+                said = bound.describe()
+            if spec.name == "message":
+                said = f"any printable text, cut to {MAX_MESSAGE_CHARS} characters"
+            kind = str(spec.type).replace("|", "\\|")  # not a column of the table
+            lines.append(f"| {cls.__name__} | `{spec.name}` | `{kind}` | {said} |")
+    return "\n".join(lines) + "\n"
+
+
 def from_json(cls: type[_D], payload: Mapping[str, Any], where: str) -> _D:
     """Build ``cls`` from a JSON object, naming ``where`` and the field on any problem.
 
     Unknown keys are refused (a typo would otherwise be silently ignored); a newer
-    ``version`` than this code knows is refused with a message that says so.
+    ``version`` than this code knows is refused with a message that says so; every value is
+    checked against :data:`FIELD_BOUNDS`. Whatever else goes wrong while building the document
+    is a :class:`ProtocolError` too: nothing but the door's rejection escapes a reader.
     """
     known = {f.name: f for f in fields(cls)}
+    bounds = FIELD_BOUNDS[cls]
     unknown = sorted(set(payload) - set(known))
     if unknown:
         raise ProtocolError(f"{where}: unknown field(s) {', '.join(unknown)}")
@@ -497,14 +680,18 @@ def from_json(cls: type[_D], payload: Mapping[str, Any], where: str) -> _D:
         value = payload[name]
         check = _CHECKERS[str(spec.type)]
         if not check(value):
-            raise ProtocolError(f"{where}: {name}: expected {spec.type}, got {value!r}")
+            raise ProtocolError(f"{where}: {name}: expected {spec.type}, got {value!r:.80}")
+        bound = bounds.get(name)
+        problem = "" if bound is None else bound.problem(value)
+        if problem:
+            raise ProtocolError(f"{where}: {name}: {problem}")
         values[name] = tuple(value) if isinstance(value, list) else value
     try:
         return cls(**values)
     except ProtocolError as exc:
         raise ProtocolError(f"{where}: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"{where}: {exc}") from None
+    except Exception as exc:  # the door's rejection, whatever the value broke
+        raise ProtocolError(f"{where}: {type(exc).__name__}: {exc}") from None
 
 
 def read_document(cls: type[_D], path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> _D:

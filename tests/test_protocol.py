@@ -202,7 +202,7 @@ def test_the_reader_follows_no_symlink_and_reads_no_fifo(tmp_path: Path) -> None
         ({"extra": 1}, "unknown field(s) extra"),
         ({"version": 99}, "version"),
         ({"sia_id": "../etc"}, "sia job id"),
-        ({"slurm_restart_count": -1}, "slurm_restart_count: expected an integer >= 0"),
+        ({"slurm_restart_count": -1}, "slurm_restart_count: expected >= 0, got -1"),
         ({"slurm_job_id": 41}, "slurm_job_id: expected str"),
     ],
 )

@@ -341,7 +341,7 @@ def lost_submissions(jobs_dir: Path, known: set[str], now: float, min_age_s: flo
         return []
     said = []
     for entry in entries:
-        if entry.name in known or not SIA_ID.match(entry.name):
+        if entry.name in known or not SIA_ID.fullmatch(entry.name):
             continue
         try:
             written = os.stat(Path(entry.path) / SPEC_FILE, follow_symlinks=False).st_mtime

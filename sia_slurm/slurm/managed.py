@@ -74,7 +74,7 @@ def sia_id_of(comment: str, marker: str) -> str | None:
     if not comment.startswith(prefix):
         return None
     sia_id = comment[len(prefix) :]
-    return sia_id if SIA_ID.match(sia_id) else None
+    return sia_id if SIA_ID.fullmatch(sia_id) else None
 
 
 def group_managed(

@@ -114,7 +114,7 @@ def _write(**overrides: Any) -> Callable[[Path, str], None]:
         (_write(sia_id="b"), "names job b Slurm job {job} run 0"),
         (lambda path, job_id: path.write_text("{not json"), "not valid JSON"),
         (lambda path, job_id: path.write_text('{"sia_id": "a"}'), "slurm_job_id: missing"),
-        (_raw(slurm_job_id="../1"), "'../1'.0: not a job id and count"),
+        (_raw(slurm_job_id="../1"), "slurm_job_id: expected a Slurm job id (digits) or ''"),
         (_symlink, "is a symbolic link (not followed)"),
         (_big, "larger than 65536 bytes"),
     ],
