@@ -13,7 +13,7 @@ replayed and compared between the two worlds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -102,6 +102,9 @@ class ClusterSnapshot:
     rejected: tuple[str, ...] = ()  # one message per bad metrics file
     # Slurm accounting's associations and QOS (shares, GPU limits); None: no accounting.
     site: SiteAccounting | None = None
+    # Jobs the backend could not read this round (sia id -> why): they sit the round out
+    # (sia_slurm/controller/quarantine.py); their GPUs already count as taken in ``nodes``.
+    quarantined: Mapping[str, str] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------

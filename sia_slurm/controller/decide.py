@@ -27,6 +27,7 @@ from sia_slurm.cluster import (
     Stop,
 )
 from sia_slurm.controller.jobs import JobRecord
+from sia_slurm.controller.quarantine import MAX_CULPRITS, QUARANTINED, Quarantine
 from sia_slurm.core import JobKind
 from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.base import (
@@ -84,9 +85,44 @@ class RoundOutcome:
     decisions: tuple[Decision, ...]
     rejected: tuple[str, ...] = ()
     timings: Mapping[str, float] = field(default_factory=dict)
+    quarantined: Mapping[str, str] = field(default_factory=dict)  # sia id -> stage: why
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
+        object.__setattr__(self, "quarantined", MappingProxyType(dict(self.quarantined)))
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """What one attempt at allocating and placing the live jobs gave."""
+
+    live: list[JobSnapshot]
+    allocation: Allocation
+    placement: Placement
+    policy_s: float
+    place_s: float
+
+
+class _StageError(Exception):
+    """An exception of the policy or the placement, with the stage it came from."""
+
+    def __init__(self, stage: str, cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.cause = cause
+
+
+def _stage_of(exc: Exception) -> str:
+    """Where a failed decision raised: ``estimate`` when the goodput model raised inside the
+    policy, else the stage that raised (``allocate``, ``place``)."""
+    if not isinstance(exc, _StageError):
+        return "allocate"
+    traceback = exc.cause.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_globals.get("__name__", "").startswith("sia_slurm.model"):
+            return "estimate"
+        traceback = traceback.tb_next
+    return exc.stage
 
 
 class Controller:
@@ -104,16 +140,119 @@ class Controller:
         self.jobs: dict[str, JobRecord] = {}
         self.previous: Allocation | None = None
         self.round_index = 0
+        self._quarantine_said: dict[str, str] = {}  # sia id -> the reason last logged
 
     # --------------------------------------------------------------------------------------
     # The round
 
     def round(self, snapshot: ClusterSnapshot) -> RoundOutcome:
-        """Decide this round's actions from ``snapshot`` (does not apply them)."""
+        """Decide this round's actions from ``snapshot`` (does not apply them).
+
+        One job's failure is that job's alone: a job whose goodput model cannot be built or
+        fed (``fit``), or whose presence makes the policy or the placement raise
+        (``estimate``, ``allocate``, ``place``), is quarantined for the round: left out of the
+        decision, its GPUs (if it holds any) counted as taken, its reason in its
+        :class:`Decision`. The backend quarantines the jobs it cannot read (``read``,
+        ``ClusterSnapshot.quarantined``). The round goes on for everyone else.
+        """
         t0 = time.perf_counter()
-        live, rejected = self._observe(snapshot)
+        quarantine = Quarantine.from_snapshot(snapshot)
+        live, rejected = self._observe(snapshot, quarantine)
         t1 = time.perf_counter()
-        cluster = ClusterView(snapshot.nodes)
+        try:
+            decided = self._decide_isolating(snapshot, live, quarantine)
+        except _StageError as exc:  # not one job's failure: the round's, as it was raised
+            raise exc.cause from None
+        live = decided.live
+        actions, decisions = self._diff(live, decided.allocation, decided.placement)
+        decisions += [
+            Decision(sia_id, phase, QUARANTINED, held, "-", note=reason)
+            for sia_id, phase, held, reason in quarantine.decisions()
+        ]
+        self._say_quarantine(quarantine)
+        outcome = RoundOutcome(
+            round_index=self.round_index,
+            time=snapshot.time,
+            allocation=decided.allocation,
+            placement=decided.placement,
+            actions=tuple(actions),
+            decisions=tuple(decisions),
+            rejected=tuple(rejected),
+            timings={
+                "observe_s": t1 - t0,
+                "policy_s": decided.policy_s,
+                "place_s": decided.place_s,
+                "total_s": time.perf_counter() - t0,
+            },
+            quarantined=quarantine.reasons,
+        )
+        self.previous = decided.allocation
+        self.round_index += 1
+        return outcome
+
+    # --------------------------------------------------------------------------------------
+    # Allocate and place, each job's failure isolated
+
+    def _decide_isolating(
+        self, snapshot: ClusterSnapshot, live: list[JobSnapshot], quarantine: Quarantine
+    ) -> _Decided:
+        """Allocate and place ``live``; if that raises, find the job whose presence makes it
+        raise (:meth:`_culprit`), quarantine it and decide again without it, up to
+        :data:`MAX_CULPRITS` jobs. A failure that no single job causes (an empty round that
+        raises, or more culprits than that) is the round's, and propagates."""
+        for _ in range(MAX_CULPRITS + 1):
+            try:
+                return self._decide(snapshot, live, quarantine)
+            except Exception as exc:
+                if not live:
+                    raise
+                found = self._culprit(snapshot, live, quarantine)
+                if found is None:
+                    raise
+                culprit, stage, why = found
+                quarantine.add(culprit, stage, why)
+                live = [job for job in live if job.sia_id != culprit.sia_id]
+                logger.debug("round failed with job %s (%s): %s", culprit.sia_id, stage, exc)
+        return self._decide(snapshot, live, quarantine)
+
+    def _culprit(
+        self, snapshot: ClusterSnapshot, live: list[JobSnapshot], quarantine: Quarantine
+    ) -> tuple[JobSnapshot, str, str] | None:
+        """The first job of ``live`` whose addition to the jobs before it makes the decision
+        raise, the stage it raised in and why; ``None`` if the jobs before none of them fail
+        alone (the failure is not one job's). Bisects on the prefix length: ``log2(len(live))``
+        decisions, paid only in a round that failed."""
+        low, high = 0, len(live)  # deciding live[:low] succeeds; live[:high] raises
+        failure: tuple[str, str] | None = None
+        for k in (0, len(live)):
+            failure = self._try_decide(snapshot, live[:k], quarantine)
+            if (failure is None) != (k == 0):
+                return None  # no jobs fail too, or all of them succeed: not one job's doing
+        while high - low > 1:
+            middle = (low + high) // 2
+            attempt = self._try_decide(snapshot, live[:middle], quarantine)
+            if attempt is None:
+                low = middle
+            else:
+                high, failure = middle, attempt
+        assert failure is not None
+        return live[high - 1], failure[0], failure[1]
+
+    def _try_decide(
+        self, snapshot: ClusterSnapshot, jobs: list[JobSnapshot], quarantine: Quarantine
+    ) -> tuple[str, str] | None:
+        """``None`` if deciding ``jobs`` succeeds, else the stage and the error."""
+        try:
+            self._decide(snapshot, jobs, quarantine)
+        except Exception as exc:
+            return _stage_of(exc), f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _decide(
+        self, snapshot: ClusterSnapshot, live: list[JobSnapshot], quarantine: Quarantine
+    ) -> _Decided:
+        t1 = time.perf_counter()
+        cluster = ClusterView(quarantine.nodes_without_holders(snapshot))
         views = tuple(self._view(job, snapshot.time) for job in live)
         policy_input = PolicyInput(
             cluster=cluster,
@@ -128,34 +267,32 @@ class Controller:
             weights=self._weights(live, snapshot, policy_input),
             groups=self._groups(live, snapshot),
         )
-        allocation = self.policy.solve(policy_input)
+        try:
+            allocation = self.policy.solve(policy_input)
+        except Exception as exc:
+            raise _StageError("allocate", exc) from exc
         t2 = time.perf_counter()
-        placement = place(cluster, allocation, views)
-        t3 = time.perf_counter()
-        actions, decisions = self._diff(live, allocation, placement)
-        outcome = RoundOutcome(
-            round_index=self.round_index,
-            time=snapshot.time,
-            allocation=allocation,
-            placement=placement,
-            actions=tuple(actions),
-            decisions=tuple(decisions),
-            rejected=tuple(rejected),
-            timings={
-                "observe_s": t1 - t0,
-                "policy_s": t2 - t1,
-                "place_s": t3 - t2,
-                "total_s": time.perf_counter() - t0,
-            },
-        )
-        self.previous = allocation
-        self.round_index += 1
-        return outcome
+        try:
+            placement = place(cluster, allocation, views)
+        except Exception as exc:
+            raise _StageError("place", exc) from exc
+        return _Decided(live, allocation, placement, t2 - t1, time.perf_counter() - t2)
+
+    def _say_quarantine(self, quarantine: Quarantine) -> None:
+        """Log each job's quarantine when it begins or its reason changes, and its end."""
+        for sia_id, reason in quarantine.reasons.items():
+            if self._quarantine_said.get(sia_id) != reason:
+                logger.warning("job %s: quarantined this round: %s", sia_id, reason)
+        for sia_id in set(self._quarantine_said) - set(quarantine.reasons):
+            logger.info("job %s: out of quarantine", sia_id)
+        self._quarantine_said = dict(quarantine.reasons)
 
     # --------------------------------------------------------------------------------------
     # Observe: admit new jobs, forget finished ones, learn from reports
 
-    def _observe(self, snapshot: ClusterSnapshot) -> tuple[list[JobSnapshot], list[str]]:
+    def _observe(
+        self, snapshot: ClusterSnapshot, quarantine: Quarantine
+    ) -> tuple[list[JobSnapshot], list[str]]:
         rejected = list(snapshot.rejected)
         live: list[JobSnapshot] = []
         seen: set[str] = set()
@@ -170,8 +307,12 @@ class Controller:
             if record is None:
                 try:
                     record = JobRecord(job.spec, self._estimator_for(job.spec))
-                except ValueError as exc:
+                except ValueError as exc:  # an unknown app, a bad profile: said, not a bug
                     rejected.append(f"job {job.sia_id}: not scheduled: {exc}")
+                    quarantine.add(job, "fit", str(exc))
+                    continue
+                except Exception as exc:
+                    quarantine.add(job, "fit", f"{type(exc).__name__}: {exc}")
                     continue
                 self.jobs[job.sia_id] = record
             if job.phase.holds_gpus and job.config is not None:
@@ -183,16 +324,18 @@ class Controller:
             if report.sia_id in finished:
                 continue  # a finished job's last report: nothing left to decide with it
             rejected.extend(self._ingest(report))
-        return live, rejected
+        return [j for j in live if not quarantine.holds(j)], rejected
 
     def _ingest(self, report: MetricsReport) -> list[str]:
+        """Feed ``report`` to its job's model; a report the model refuses is said and left
+        out, and the job keeps the model it had (a report is one measurement among many)."""
         record = self.jobs.get(report.sia_id)
         if record is None:
             return [f"metrics for {report.sia_id}: no such live managed job; ignored"]
         try:
             record.ingest(report)
-        except ValueError as exc:
-            return [f"metrics for {report.sia_id}: {exc}; ignored"]
+        except Exception as exc:
+            return [f"metrics for {report.sia_id}: {type(exc).__name__}: {exc}; ignored"]
         return []
 
     def _weights(

@@ -240,24 +240,22 @@ def _apply(
     ids: Sequence[int],
     clock: Clock,
 ) -> tuple[list[ActionResult], str]:
-    """Issue the journaled ``actions`` and settle their entries from the backend's results."""
+    """Issue the journaled ``actions`` and settle their entries from the backend's results.
+
+    If applying them together raises, they are applied one by one, so that one job's poison
+    action (the ``actuate`` stage of a quarantine) neither blocks the others nor fails the
+    round: the one that raises stays pending with one more attempt, its job named."""
     try:
         results = list(backend.apply(actions))
     except Exception as exc:
         if not actions:
             logger.exception("applying no actions (enforcement only) failed: %s", exc)
             return [], f"apply failed: {type(exc).__name__}: {exc}"
-        with store.transaction():
-            journal.count_attempt(ids, f"apply raised: {type(exc).__name__}: {exc}")
-        round_index = actions[0].round_index
-        logger.exception(
-            "[round=%d] applying %d action(s) failed: %s; they stay pending and are re-applied "
-            "next round",
-            round_index,
-            len(actions),
-            exc,
-        )
-        return [], f"apply failed: {type(exc).__name__}: {exc}"
+        logger.warning(
+            "[round=%d] applying %d action(s) raised (%s: %s); applying them one by one",
+            actions[0].round_index, len(actions), type(exc).__name__, exc,
+        )  # fmt: skip
+        results = _one_by_one(store, journal, backend, actions, ids, give_up_after=3)
     settled = _match(actions, ids, results)
     with store.transaction():
         for entry_id, result in settled:
@@ -381,13 +379,40 @@ def _reapply(
         return list(backend.apply(actions))
     except Exception as exc:
         logger.warning("re-applying %d pending action(s) raised (%s); one by one", len(ids), exc)
+    return _one_by_one(store, journal, backend, actions, ids)
+
+
+def _one_by_one(
+    store: Store,
+    journal: Journal,
+    backend: ClusterBackend,
+    actions: Sequence[Action],
+    ids: Sequence[int],
+    *,
+    give_up_after: int | None = None,
+) -> list[ActionResult]:
+    """Apply each action alone; one whose apply raises stays pending with one more attempt
+    (given up at :data:`MAX_ATTEMPTS`), and its job is said to be quarantined at actuation.
+
+    ``give_up_after``: when that many actions in a row raise before any succeeds, the failure
+    is not one job's (Slurm unreachable, say) and the rest stay pending untried, rather than
+    each waiting out the same timeout."""
     results: list[ActionResult] = []
+    failed_in_a_row = 0
     for action, entry_id in zip(actions, ids, strict=True):
+        if give_up_after is not None and not results and failed_in_a_row >= give_up_after:
+            with store.transaction():
+                journal.count_attempt([entry_id], "not tried: the actions before it all raised")
+            continue
         try:
             results += backend.apply([action])
         except Exception as exc:
+            failed_in_a_row += 1
             message = f"apply raised: {type(exc).__name__}: {exc}"
-            logger.warning("[round=%d job=%s] %s", action.round_index, action.sia_id, message)
+            logger.warning(
+                "[round=%d job=%s] quarantined: actuate: %s",
+                action.round_index, action.sia_id, message,
+            )  # fmt: skip
             with store.transaction():
                 journal.count_attempt([entry_id], message)
     return results

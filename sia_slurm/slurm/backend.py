@@ -163,10 +163,18 @@ class SlurmBackend:
         jobs: list[JobSnapshot] = []
         reports: list[MetricsReport] = []
         current_ids: set[str] = set()
+        quarantined: dict[str, str] = {}
         for sia_id, managed in view.managed.items():
             if managed.first_sight:
                 enforcement.new_records[sia_id] = managed
-            observed = self._observe_job(managed, enforcement, rejected)
+            try:
+                observed = self._observe_job(managed, enforcement, rejected, quarantined)
+            except Exception as exc:  # one job's files: that job's failure alone
+                why = f"{type(exc).__name__}: {exc}"
+                logger.debug("job %s: reading it raised", sia_id, exc_info=True)
+                rejected.append(f"job {sia_id}: not scheduled: {why}")
+                quarantined[sia_id] = why
+                observed = None
             if observed is None:
                 continue
             snapshot, report = observed
@@ -191,13 +199,19 @@ class SlurmBackend:
             reports=tuple(reports),
             rejected=tuple(self._once(rejected)),
             site=self.accounting.read(now),
+            quarantined=quarantined,
         )
 
     def _observe_job(
-        self, managed: ManagedJob, enforcement: Enforcement, rejected: list[str]
+        self,
+        managed: ManagedJob,
+        enforcement: Enforcement,
+        rejected: list[str],
+        quarantined: dict[str, str],
     ) -> tuple[JobSnapshot, MetricsReport | None] | None:
         """The job as the controller sees it, and its new metrics report; ``None`` when it
-        cannot be scheduled (said in ``rejected``, unless it is long finished)."""
+        cannot be scheduled (said in ``rejected`` and ``quarantined``, unless it is finished:
+        its GPUs then count as taken, as an unmanaged job's)."""
         job, sia_id = managed.current, managed.sia_id
         assignment = self._read_own(
             Assignment, self.paths.assignment(sia_id), "assignment", rejected
@@ -225,6 +239,7 @@ class SlurmBackend:
         except ProtocolError as exc:
             if not job.finished:
                 rejected.append(f"job {sia_id}: not scheduled: {exc}")
+                quarantined[sia_id] = str(exc)
             return None
         # Identity and age come from Slurm (the record), never from the user's file.
         spec = replace(spec, submit_time=managed.record.submit_time, owner_uid=managed.user_id)

@@ -7,6 +7,8 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from sia_slurm.cluster import Action, ActionResult, ClusterSnapshot, Start
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import JobSpec
@@ -95,17 +97,48 @@ def test_failed_apply_stays_pending_and_is_reapplied_once(
     config: SiaConfig, store: Store, cluster: FakeCluster
 ) -> None:
     ids = submit(cluster, 3)
-    broken = FakeCluster(cluster.path, raise_after=1)
+    broken = FakeCluster(cluster.path, raise_after=0)  # every apply raises (Slurm away)
     report = one_round(config, broken, store)
-    assert report.error.startswith("apply failed: RuntimeError")
+    assert report.error == "the backend answered 0 of 3 actions"
     assert [e.state for e in Journal(store).entries()] == [PENDING] * 3
+    assert [e.attempts for e in Journal(store).entries()] == [1] * 3
     cluster._load()
-    assert sum(job.launches for job in cluster.jobs.values()) == 1  # one got through
+    assert sum(job.launches for job in cluster.jobs.values()) == 0
     report = one_round(config, cluster, store)
     assert report.reconcile.reapplied == 3 and report.reconcile.failed == 0
     assert not Journal(store).pending()
     assert [cluster.jobs[i].launches for i in ids] == [1, 1, 1]
     assert [cluster.jobs[i].restarts for i in ids] == [0, 0, 0]
+
+
+def test_a_batch_that_raises_is_applied_one_by_one_in_the_same_round(
+    config: SiaConfig, store: Store, cluster: FakeCluster
+) -> None:
+    """The actuate stage's isolation: a batch that raises part-way is applied again one
+    action at a time at once, so the round's other actions are not held back a round."""
+    ids = submit(cluster, 3)
+    broken = FakeCluster(cluster.path, raise_after=1)  # a batch raises after its first action
+    report = one_round(config, broken, store)
+    assert report.error == ""
+    assert not Journal(store).pending()
+    cluster._load()
+    assert [cluster.jobs[i].launches for i in ids] == [1, 1, 1]
+    assert [cluster.jobs[i].restarts for i in ids] == [0, 0, 0]
+
+
+def test_applying_one_by_one_stops_when_every_action_raises(
+    config: SiaConfig, store: Store, cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three actions in a row that raise, none taken: Slurm is away, not one job's action at
+    fault; the rest wait for the next round untried instead of each waiting out a timeout."""
+    submit(cluster, 6)
+    broken = FakeCluster(cluster.path, raise_after=0)
+    one_round(config, broken, store)
+    tried_alone = [r for r in caplog.records if "quarantined: actuate" in r.getMessage()]
+    assert len(tried_alone) == 3  # the batch, then three alone
+    entries = Journal(store).entries()
+    assert [e.state for e in entries] == [PENDING] * 6
+    assert sum(e.message.startswith("not tried") for e in entries) == 3
 
 
 def test_reconcile_fails_actions_of_vanished_jobs(
@@ -212,15 +245,15 @@ def test_a_poison_action_is_given_up_and_never_blocks_the_others(
 ) -> None:
     """An action whose apply raises every time is retried, counted, and given up after
     MAX_ATTEMPTS (failed, with why); the other job's action, journaled in the same round,
-    goes through at the first re-apply (one by one), and no round raises."""
+    goes through in the same round (applied alone), and no round raises."""
     submit(cluster, 2)
     broken = FakeCluster(cluster.path, poison=frozenset({"job0"}))
     report = one_round(config, broken, store)  # both journaled; the batch raises
-    assert report.error.startswith("apply failed: RuntimeError")
+    assert report.error == "the backend answered 1 of 2 actions"  # job1's, applied alone
     entries = {e.sia_id: e for e in Journal(store).entries()}
     assert {s: (e.state, e.attempts) for s, e in entries.items()} == {
         "job0": (PENDING, 1),
-        "job1": (PENDING, 1),
+        "job1": (DONE, 1),
     }
     assert entries["job0"].message == "apply raised: RuntimeError: injected failure at job0"
     first = entries["job0"].id
