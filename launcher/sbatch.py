@@ -16,6 +16,7 @@ left behind. Every usage error exits with status 2 and one line that names the o
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -41,6 +42,7 @@ from sia_slurm.model.profile import (
     load_gpu_types,
     load_profiles,
 )
+from sia_slurm.model.profile_json import profile_to_json
 from sia_slurm.protocol import (
     MAX_FAILURES,
     JobSpec,
@@ -49,7 +51,13 @@ from sia_slurm.protocol import (
     check_sia_id,
     write_document,
 )
-from sia_slurm.safefiles import chmod_dir, write_text_atomic
+from sia_slurm.safefiles import (
+    MAX_FILE_BYTES,
+    chmod_dir,
+    out_of_bounds,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 
 EXIT_USAGE = 2
@@ -192,6 +200,22 @@ def load_job_profile(options: SubmitOptions) -> tuple[str, AppProfile, str | Non
         return options.app, load_profiles().app(options.app), None
     except ProfileError as exc:
         raise UsageError(f"--app {options.app}: {exc}") from None
+
+
+def profile_document(options: SubmitOptions, profile: AppProfile) -> bytes:
+    """A ``--profile`` directory as the job's ``profile.json``: the one bounded document the
+    controller reads (through the user-file door) instead of the directory itself."""
+    text = json.dumps(profile_to_json(profile), indent=1, sort_keys=True) + "\n"
+    data = text.encode("utf-8")
+    problem = out_of_bounds(json.loads(text))
+    if len(data) > MAX_FILE_BYTES or problem:
+        points = sum(len(points) for points in profile.seed.values())
+        raise UsageError(
+            f"--profile {options.profile_dir}: too large for the controller to read "
+            f"({len(data)} bytes as profile.json, at most {MAX_FILE_BYTES}; {points} seed "
+            f"points){': ' + problem if problem else ''}; keep fewer seed.csv rows"
+        )
+    return data
 
 
 def resolve_batch(options: SubmitOptions, profile: AppProfile) -> tuple[int, int]:
@@ -337,6 +361,7 @@ def submit(
     if options.kind is JobKind.PINNED and options.gpu_type is None:
         raise UsageError("--kind pinned needs --gpu-type (the type it is pinned to)")
     app, profile, profile_field = load_job_profile(options)
+    profile_bytes = profile_document(options, profile) if profile_field is not None else b""
     init_batch, max_batch = resolve_batch(options, profile)
     problems = type_problems(config, profile, options, gpus, init_batch, max_batch)
     placement = choose_placement(config, problems, options.gpu_type, gpus)
@@ -379,6 +404,8 @@ def submit(
         raise UsageError(f"cannot create {job_dir}: {exc.strerror or exc}") from None
     try:
         write_document(paths.spec(sia_id), spec)
+        if profile_field is not None:  # the controller reads the copy, never the directory
+            write_bytes_atomic(paths.profile(sia_id), profile_bytes)
         script = job_dir / BATCH_SCRIPT
         write_text_atomic(script, batch_script(config_path.absolute(), sia_id, app), mode=0o755)
     except OSError as exc:

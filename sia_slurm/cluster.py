@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from sia_slurm.accounts import SiteAccounting
 from sia_slurm.core import Configuration, NodeShare, NodeView
@@ -79,6 +79,9 @@ class JobSnapshot:
     user: str = ""
     account: str = ""
     qos: str = ""
+    # The job's own profile (``jobs/<id>/profile.json``, read through the user-file door and
+    # within the JSON bounds; checked by the estimator factory): None for a shipped app's.
+    profile_document: Mapping[str, Any] | None = None
 
     @property
     def sia_id(self) -> str:

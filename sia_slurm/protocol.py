@@ -7,6 +7,7 @@ them for people). Two trees, by who may write them (``docs/security.md``)::
     control/<sia_id>/stop.json        by the controller to ask for a stop   (StopRequest)
     control/<sia_id>/slurm.json       the controller's record of the job    (backend's own)
     jobs/<sia_id>/spec.json           by sia-sbatch at submission           (JobSpec)
+    jobs/<sia_id>/profile.json        by sia-sbatch, a --profile DIR copied (model.profile_json)
     jobs/<sia_id>/ack-<round>.<run>   by rank 0 after its checkpoint        (empty file)
     jobs/<sia_id>/metrics.json        by rank 0 every ~30 s                 (MetricsReport)
     jobs/<sia_id>/exit-<run>.json     by the launcher when a run ends       (RunExit)
@@ -112,9 +113,13 @@ class StatePaths:
     def metrics(self, sia_id: str) -> Path:
         return self.job_dir(sia_id) / METRICS_FILE
 
+    def profile(self, sia_id: str) -> Path:
+        return self.job_dir(sia_id) / PROFILE_FILE
+
 
 SPEC_FILE = "spec.json"
 METRICS_FILE = "metrics.json"
+PROFILE_FILE = "profile.json"  # a job's own profile (sia_slurm/model/profile_json.py)
 MAX_FAILURES = 100  # the largest retry budget a job may ask for (``--max-failures``)
 
 

@@ -17,6 +17,34 @@ import yaml
 KeyPath = tuple[str, ...]
 
 
+class NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases (``*name``).
+
+    An alias is a reference to an earlier node; nested ones expand exponentially ("billion
+    laughs": nine lines of aliases make a billion strings), so a 1 KiB file can take every
+    gigabyte and minute there is. No file sia-slurm reads needs one: a config, a profile's
+    ``app.yaml``, an accounts spec. Anchors alone are harmless and left alone."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found an alias (*{event.anchor}): aliases are not allowed",
+                event.start_mark,
+            )  # fmt: skip
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
+def compose(text: str) -> yaml.Node | None:
+    """The node tree of ``text``, aliases refused (:class:`NoAliasLoader`)."""
+    return yaml.compose(text, Loader=NoAliasLoader)
+
+
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` with aliases refused (:class:`NoAliasLoader`)."""
+    return yaml.load(text, Loader=NoAliasLoader)
+
+
 @dataclass(frozen=True)
 class SourceIssue:
     """One problem found in a source file, located as precisely as known."""
@@ -60,7 +88,7 @@ def parse_yaml(text: str, path: Path | None = None) -> YamlSource:
     """Parse ``text``; syntax errors and duplicate keys become issues, never exceptions."""
     source = YamlSource(path=path, data=None)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = compose(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

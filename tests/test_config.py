@@ -218,3 +218,22 @@ def test_config_path_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIA_SLURM_CONFIG", "/x/y.yaml")
     assert resolve_config_path(None) == Path("/x/y.yaml")
     assert resolve_config_path("here.yaml") == Path("here.yaml")
+
+
+def test_yaml_aliases_are_refused_everywhere(tmp_path: Path) -> None:
+    """A billion laughs in nine lines: an alias is refused before anything expands it, in a
+    config, a profile's app.yaml and an accounts spec (issue 35)."""
+    from sia_slurm.model.profile import ProfileError, load_app_profile, load_profiles
+    from sia_slurm.yamlsource import parse_yaml
+
+    laughs = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"{c}: &{c} [{','.join(['*' + p] * 9)}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    (issue,) = parse_yaml(laughs).issues
+    assert "found an alias (*a): aliases are not allowed" in issue.message
+    app = tmp_path / "bomb"
+    app.mkdir()
+    (app / "app.yaml").write_text("init_batch_size: &m 32\nmax_batch_size: *m\nmin_local_bsz: 1\n")
+    with pytest.raises(ProfileError, match="aliases are not allowed"):
+        load_app_profile(app, load_profiles().gpu_types)

@@ -306,7 +306,7 @@ class Controller:
             record = self.jobs.get(job.sia_id)
             if record is None:
                 try:
-                    record = JobRecord(job.spec, self._estimator_for(job.spec))
+                    record = JobRecord(job.spec, self._build_estimator(job))
                 except ValueError as exc:  # an unknown app, a bad profile: said, not a bug
                     rejected.append(f"job {job.sia_id}: not scheduled: {exc}")
                     quarantine.add(job, "fit", str(exc))
@@ -325,6 +325,13 @@ class Controller:
                 continue  # a finished job's last report: nothing left to decide with it
             rejected.extend(self._ingest(report))
         return [j for j in live if not quarantine.holds(j)], rejected
+
+    def _build_estimator(self, job: JobSnapshot) -> JobGoodputEstimator:
+        """The job's goodput model, from its own profile document when it brought one (a
+        ``--profile`` directory, copied by sia-sbatch), else from its app's shipped profile."""
+        if job.profile_document is None:
+            return self._estimator_for(job.spec)
+        return self._estimator_for(job.spec, job.profile_document)  # type: ignore[call-arg]
 
     def _ingest(self, report: MetricsReport) -> list[str]:
         """Feed ``report`` to its job's model; a report the model refuses is said and left

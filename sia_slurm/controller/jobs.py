@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from sia_slurm.core import Configuration, JobKind
 from sia_slurm.model import (
@@ -19,7 +19,7 @@ from sia_slurm.model import (
     Observation,
     ProfileSet,
 )
-from sia_slurm.model.profile import load_app_profile
+from sia_slurm.model.profile_json import PROFILE_FILE, profile_from_json
 from sia_slurm.policy.base import JobView, NodeShare
 from sia_slurm.protocol import JobSpec, MetricsReport
 
@@ -33,15 +33,17 @@ class EstimatorFactory:
     """Builds a job's :class:`JobGoodputEstimator` from its spec and the site's profiles.
 
     ``type_aliases`` maps the site's GPU type names (partitions, cluster files) to the profile
-    type names (``{"a100": "dgx"}``). A spec's ``profile`` may name a directory holding its own
-    ``app.yaml``/``seed.csv``/``max_local_bsz.csv`` instead of a shipped app.
+    type names (``{"a100": "dgx"}``). A job that brought its own profile (``--profile DIR``)
+    is built from its profile document, never from the directory (:meth:`_profile`).
     """
 
     profiles: ProfileSet
     type_aliases: Mapping[str, str] = field(default_factory=dict)
 
-    def __call__(self, spec: JobSpec) -> JobGoodputEstimator:
-        profile = self._profile(spec)
+    def __call__(
+        self, spec: JobSpec, profile_document: Mapping[str, Any] | None = None
+    ) -> JobGoodputEstimator:
+        profile = self._profile(spec, profile_document)
         fixed = spec.kind in (JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED)
         fixed_batch = (spec.init_batch_size or profile.init_batch_size) if fixed else None
         return JobGoodputEstimator.from_profile(
@@ -53,12 +55,24 @@ class EstimatorFactory:
             type_aliases=self.type_aliases,
         )
 
-    def _profile(self, spec: JobSpec) -> AppProfile:
-        if spec.profile and ("/" in spec.profile or Path(spec.profile).is_dir()):
+    def _profile(self, spec: JobSpec, document: Mapping[str, Any] | None) -> AppProfile:
+        """The job's own profile from its document, else the shipped profile it names.
+
+        A ``profile`` that is a path is never read: the directory is the user's, who could
+        swap in a FIFO or a symlink to another user's file (issue 35). ``sia-sbatch`` copied
+        it into the job's directory as ``profile.json``, which the backend read through the
+        user-file door; here every value of it is checked."""
+        if document is not None:
+            where = f"job {spec.sia_id}: {PROFILE_FILE}"
             try:
-                return load_app_profile(Path(spec.profile), self.profiles.gpu_types)
-            except (OSError, ValueError) as exc:
-                raise UnknownAppError(f"job {spec.sia_id}: profile {spec.profile}: {exc}") from None
+                return profile_from_json(document, where, self.profiles.gpu_types)
+            except ValueError as exc:
+                raise UnknownAppError(str(exc)) from None
+        if spec.profile and "/" in spec.profile:
+            raise UnknownAppError(
+                f"job {spec.sia_id}: profile {spec.profile}: a directory of its own, but the "
+                f"job's {PROFILE_FILE} (written by sia-sbatch) is missing; submit it again"
+            )
         name = spec.profile or spec.app
         try:
             return self.profiles.app(name)

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from sia_slurm.yamlsource import safe_load
+
 DEFAULT_ACCOUNTS = """\
 accounts:
   physics: {fairshare: 1}
@@ -107,7 +109,7 @@ class AccountingSpec:
     def parse(cls, text: str, where: str = "accounts spec") -> AccountingSpec:
         """Parse the YAML spec; every error names ``where`` and the field."""
         try:
-            data = yaml.safe_load(text) or {}
+            data = safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise AccountingSpecError(f"{where}: not YAML: {exc}") from None
         _keys(data, where, ("accounts", "users", "qos"))

@@ -27,6 +27,7 @@ import yaml
 
 from sia_slurm.csvtable import CsvTableError, read_rows
 from sia_slurm.model.observation import Observation
+from sia_slurm.yamlsource import compose
 
 GPU_TYPES_FILE = "gpu_types.csv"
 APP_FILE = "app.yaml"
@@ -188,7 +189,7 @@ def _load_app_yaml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ProfileError(f"{path}: file not found") from None
     try:
-        node = yaml.compose(text)
+        node = compose(text)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: expected valid YAML, got: {exc}") from None
     if not isinstance(node, yaml.MappingNode):

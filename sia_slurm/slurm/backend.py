@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from sia_slurm.clock import Clock, WallClock
 from sia_slurm.cluster import (
@@ -228,6 +229,7 @@ class SlurmBackend:
                     raise ProtocolError(
                         f"{directory.where('spec.json')}: sia_id is {spec.sia_id!r}"
                     )
+                profile = self.documents.read_profile(directory)
                 report, reported = self.inbox.read(
                     sia_id, directory, managed.run, rejected, managed.current.nodes
                 )
@@ -249,12 +251,18 @@ class SlurmBackend:
             message = f"runs on GPUs the controller did not grant ({reason}); being requeued"
             if reason is None:
                 message = f"not running as granted: {refusal}; being requeued"
-            return self._job(managed, spec, JobPhase.PENDING, message, assignment), None
+            job_view = self._job(
+                managed, spec, JobPhase.PENDING, message, assignment, profile=profile
+            )
+            return job_view, None
         if job.completing and not _granted_run(job, assignment):
             # Requeued by someone else (its user, Slurm): back to PENDING once Slurm has its
             # GPUs back, so it must not be kept where it was as if it ran there.
             message = "requeued outside the controller; Slurm is taking its GPUs back"
-            return self._job(managed, spec, JobPhase.PENDING, message, assignment), None
+            job_view = self._job(
+                managed, spec, JobPhase.PENDING, message, assignment, profile=profile
+            )
+            return job_view, None
         phase, message = job_phase(
             job,
             has_assignment=assignment is not None,
@@ -292,7 +300,9 @@ class SlurmBackend:
                 )
                 return None
             config, placement = allocation
-        snapshot = self._job(managed, spec, phase, message, assignment, config, placement)
+        snapshot = self._job(
+            managed, spec, phase, message, assignment, config, placement, profile=profile
+        )
         return snapshot, report
 
     def _job(
@@ -304,6 +314,8 @@ class SlurmBackend:
         assignment: Assignment | None,
         config: Configuration | None = None,
         placement: tuple[NodeShare, ...] = (),
+        *,
+        profile: Mapping[str, Any] | None = None,
     ) -> JobSnapshot:
         job = managed.current
         return JobSnapshot(
@@ -319,6 +331,7 @@ class SlurmBackend:
             user=user_name(job.user_id),
             account=job.account,
             qos=job.qos,
+            profile_document=profile,
         )
 
     def _failure(

@@ -22,10 +22,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sia_slurm.protocol import (
     METRICS_FILE,
+    PROFILE_FILE,
     SIA_ID,
     SPEC_FILE,
     Assignment,
@@ -85,6 +86,23 @@ class DocumentCache:
         if spec is not None:
             self._entries[path] = (_version(info), spec)
         return spec
+
+    def read_profile(self, directory: JobDirectory) -> dict[str, Any] | None:
+        """The job's own profile document (``profile.json``, the bounded JSON object only:
+        the estimator factory checks its values), read through the user-file door; ``None``
+        if the job brought none."""
+        path = directory.path / PROFILE_FILE
+        info = directory.stat(PROFILE_FILE)
+        if info is None:
+            self._entries.pop(path, None)
+            return None
+        cached = self._entries.get(path)
+        if cached is not None and cached[0] == _version(info):
+            return cached[1]  # type: ignore[return-value]
+        document = directory.read_json(PROFILE_FILE)
+        if document is not None:
+            self._entries[path] = (_version(info), document)
+        return document
 
     def forget(self, path: Path) -> None:
         self._entries.pop(path, None)

@@ -119,7 +119,8 @@ def test_submission_writes_spec_and_script_and_runs_the_exact_sbatch(
     assert mode(paths.spec(sia_id).stat().st_mode) == 0o644
     assert paths.job_dir(sia_id).stat().st_uid == os.geteuid()
     assert mode(paths.job_dir(sia_id).stat().st_mode) == 0o755
-    assert sorted(p.name for p in paths.job_dir(sia_id).iterdir()) == ["batch.sh", "spec.json"]
+    files = sorted(p.name for p in paths.job_dir(sia_id).iterdir())
+    assert files == ["batch.sh", "profile.json", "spec.json"]  # --profile DIR: its copy
     assert not paths.control(sia_id).exists()  # the controller's, not sia-sbatch's
 
 
@@ -317,3 +318,30 @@ def test_sbatch_option_scan_knows_which_options_take_values() -> None:
         check_sbatch_options(["--exclusive", "x"])
     with pytest.raises(UsageError, match="-N2: sia-sbatch sets --nodes"):
         check_sbatch_options(["-N2"])
+
+
+def test_a_profile_directory_is_copied_into_the_job_as_one_document(
+    config_path: Path, tiny_profile: Path
+) -> None:
+    """The controller never reads the user's directory (issue 35): sia-sbatch, as the user,
+    writes it into the job's directory as profile.json, which the controller reads through
+    the user-file door."""
+    from sia_slurm.model.profile import (
+        GPU_TYPES_FILE,
+        default_profiles_dir,
+        load_app_profile,
+        load_gpu_types,
+    )
+    from sia_slurm.model.profile_json import profile_from_json
+    from sia_slurm.safefiles import read_json
+
+    config = load_config(config_path)
+    sia_id, _ = submit(
+        config, config_path, options(app=None, profile_dir=tiny_profile), [], FakeRunner()
+    )
+    paths = StatePaths(config.state_dir)
+    types = load_gpu_types(default_profiles_dir() / GPU_TYPES_FILE)
+    copied = profile_from_json(read_json(paths.profile(sia_id)), "profile.json", types)
+    assert copied == load_app_profile(tiny_profile, types)
+    assert stat.S_IMODE(paths.profile(sia_id).stat().st_mode) == 0o644
+    assert read_document(JobSpec, paths.spec(sia_id)).profile == str(tiny_profile)

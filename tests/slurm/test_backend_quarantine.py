@@ -43,3 +43,31 @@ def test_anything_raised_while_reading_a_job_is_that_jobs_alone(
     assert snapshot.quarantined == {"evil": "MemoryError: the spec's reader ran out"}
     assert usable(snapshot)["rtx-1"] == 2  # its two GPUs count as taken, as an unmanaged job's
     assert any("job evil: not scheduled: MemoryError" in m for m in snapshot.rejected)
+
+
+def test_a_profile_document_that_is_a_fifo_quarantines_its_job_without_blocking(
+    fake_slurm: Any,
+) -> None:
+    import os
+
+    fake_slurm.submit("good")
+    fake_slurm.submit("evil")
+    os.mkfifo(fake_slurm.paths.profile("evil"))
+    snapshot = backend_for(fake_slurm).snapshot()  # a FIFO opened without blocking, refused
+    assert [job.sia_id for job in snapshot.jobs] == ["good"]
+    assert snapshot.quarantined["evil"].endswith("profile.json: not a regular file")
+
+
+def test_a_profile_document_reaches_the_snapshot_as_read(fake_slurm: Any) -> None:
+    from sia_slurm.model import load_profiles
+    from sia_slurm.model.profile_json import profile_to_json
+    from sia_slurm.safefiles import write_json_atomic
+
+    fake_slurm.submit("mine")
+    document = profile_to_json(load_profiles().app("ncf"))
+    write_json_atomic(fake_slurm.paths.profile("mine"), document)
+    backend = backend_for(fake_slurm)
+    (job,) = backend.snapshot().jobs
+    assert job.profile_document == document
+    (again,) = backend.snapshot().jobs  # unchanged: served from the cache, the same object
+    assert again.profile_document is job.profile_document

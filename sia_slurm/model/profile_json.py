@@ -1,0 +1,173 @@
+"""A job's own profile as one bounded JSON document: how it crosses the user-file door.
+
+A profile directory (``app.yaml``, ``seed.csv``, ``max_local_bsz.csv``) given with
+``sia-sbatch --profile DIR`` lies wherever its user put it, under their control. The controller
+never reads it there: ``sia-sbatch``, running as the user, reads the directory and writes it
+into the job's directory as ``profile.json`` (:data:`PROFILE_FILE`), and the controller reads
+that file through :class:`~sia_slurm.userfiles.JobDirectory` like any other user file
+(regular, the job user's own, at most 64 KiB, within the JSON bounds of
+:mod:`sia_slurm.safefiles`), then checks every value here (:func:`profile_from_json`) as
+strictly as the CSV reader does. A profile measured by the job itself (Sia's profiling) takes
+the same road.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from sia_slurm.model.observation import Observation
+from sia_slurm.model.profile import AppProfile, parse_placement
+from sia_slurm.protocol import PROFILE_FILE, ProtocolError
+
+PROFILE_FORMAT = 1
+MAX_BATCH = 2**24  # the protocol's bound on a batch (sia_slurm.protocol.MAX_BATCH)
+MAX_STEP_SECONDS = 86_400.0
+__all__ = ["PROFILE_FILE", "PROFILE_FORMAT", "profile_from_json", "profile_to_json"]
+_KEYS = {
+    "format", "app", "init_batch_size", "max_batch_size", "min_local_bsz", "max_local_bsz",
+    "seed", "description",
+}  # fmt: skip
+_SEED_KEYS = ("gpu_type", "local_bsz", "placement", "step_time", "sync_time")
+_Fail = Callable[[str, str], ProtocolError]  # (field, message) -> the error naming the file
+
+
+def profile_to_json(profile: AppProfile) -> dict[str, Any]:
+    """``profile`` as the document :func:`profile_from_json` reads."""
+    seed = [
+        {
+            "gpu_type": gpu_type,
+            "local_bsz": obs.local_bsz,
+            "placement": _placement(obs),
+            "step_time": obs.step_time,
+            "sync_time": obs.sync_time,
+        }
+        for gpu_type, observations in profile.seed.items()
+        for obs in observations
+    ]
+    return {
+        "format": PROFILE_FORMAT,
+        "app": profile.name,
+        "init_batch_size": profile.init_batch_size,
+        "max_batch_size": profile.max_batch_size,
+        "min_local_bsz": profile.min_local_bsz,
+        "max_local_bsz": dict(profile.max_local_bsz),
+        "seed": seed,
+        "description": profile.description,
+    }
+
+
+def profile_from_json(
+    payload: Mapping[str, Any], where: str, gpu_types: Collection[str]
+) -> AppProfile:
+    """The profile in ``payload`` (read from ``where``), every value checked: known keys, GPU
+    types among ``gpu_types``, batches within bounds and ``min_local_bsz <= M0 <= max``,
+    every seed point on a type with a memory limit and within it, positive finite times with
+    ``sync_time < step_time``. :class:`ProtocolError` naming ``where`` and the field."""
+
+    def fail(field: str, message: str) -> ProtocolError:
+        return ProtocolError(f"{where}: {field}: {message}")
+
+    unknown = sorted(set(payload) - _KEYS)
+    if unknown:
+        raise ProtocolError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    if payload.get("format") != PROFILE_FORMAT:
+        raise fail(
+            "format", f"this sia-slurm reads format {PROFILE_FORMAT}, got {payload.get('format')!r}"
+        )
+    app = payload.get("app")
+    if not isinstance(app, str) or not app:
+        raise fail("app", f"expected a name, got {app!r}")
+    batch = {
+        key: _integer(payload.get(key), 1, MAX_BATCH, fail, key)
+        for key in ("init_batch_size", "max_batch_size", "min_local_bsz")
+    }
+    if not batch["min_local_bsz"] <= batch["init_batch_size"] <= batch["max_batch_size"]:
+        raise fail(
+            "init_batch_size",
+            f"expected min_local_bsz ({batch['min_local_bsz']}) <= init_batch_size <= "
+            f"max_batch_size ({batch['max_batch_size']}), got {batch['init_batch_size']}",
+        )
+    limits_in = payload.get("max_local_bsz")
+    if not isinstance(limits_in, dict) or not limits_in:
+        raise fail("max_local_bsz", "expected an object of GPU type -> largest per-GPU batch")
+    limits = {
+        _gpu_type(name, gpu_types, fail, f"max_local_bsz.{name}"): _integer(
+            value, 1, MAX_BATCH, fail, f"max_local_bsz.{name}"
+        )
+        for name, value in limits_in.items()
+    }
+    rows = payload.get("seed")
+    if not isinstance(rows, list) or not rows:
+        raise fail("seed", "expected a list of measured steps")
+    seed: dict[str, list[Observation]] = {}
+    for index, row in enumerate(rows):
+        field = f"seed[{index}]"
+        name, observation = _seed_point(row, field, gpu_types, limits, fail)
+        seed.setdefault(name, []).append(observation)
+    description = payload.get("description", "")
+    if not isinstance(description, str):
+        raise fail("description", f"expected text, got {description!r:.40}")
+    return AppProfile(
+        name=app,
+        init_batch_size=batch["init_batch_size"],
+        max_batch_size=batch["max_batch_size"],
+        min_local_bsz=batch["min_local_bsz"],
+        max_local_bsz=MappingProxyType(dict(sorted(limits.items()))),
+        seed=MappingProxyType({name: tuple(seed[name]) for name in sorted(seed)}),
+        description=description,
+    )
+
+
+def _seed_point(
+    row: Any,
+    field: str,
+    gpu_types: Collection[str],
+    limits: Mapping[str, int],
+    fail: _Fail,
+) -> tuple[str, Observation]:
+    if not isinstance(row, dict) or set(row) != set(_SEED_KEYS):
+        raise fail(field, f"expected an object of {', '.join(_SEED_KEYS)}, got {row!r:.80}")
+    name = _gpu_type(row["gpu_type"], gpu_types, fail, f"{field}.gpu_type")
+    if name not in limits:
+        raise fail(f"{field}.gpu_type", f"{name!r} has no max_local_bsz")
+    local_bsz = _integer(row["local_bsz"], 1, limits[name], fail, f"{field}.local_bsz")
+    placement = row["placement"]
+    try:
+        nodes, gpus = parse_placement(placement if isinstance(placement, str) else "")
+    except ValueError as exc:
+        raise fail(f"{field}.placement", str(exc)) from None
+    step = _seconds(row["step_time"], fail, f"{field}.step_time")
+    sync = _seconds(row["sync_time"], fail, f"{field}.sync_time", zero=True)
+    if not sync < step:
+        raise fail(f"{field}.sync_time", f"expected less than step_time ({step}), got {sync}")
+    return name, Observation(nodes, gpus, local_bsz, step, sync)
+
+
+def _gpu_type(name: Any, gpu_types: Collection[str], fail: _Fail, field: str) -> str:
+    if not isinstance(name, str) or name not in gpu_types:
+        known = ", ".join(sorted(gpu_types))
+        raise fail(field, f"expected a GPU type of the profiles ({known}), got {name!r:.40}")
+    return name
+
+
+def _integer(value: Any, low: int, high: int, fail: _Fail, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise fail(field, f"expected an integer {low}..{high}, got {value!r:.40}")
+    return value
+
+
+def _seconds(value: Any, fail: _Fail, field: str, *, zero: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (value >= 0 if zero else value > 0) or value > MAX_STEP_SECONDS:
+        low = ">= 0" if zero else "> 0"
+        raise fail(field, f"expected seconds {low} and <= {MAX_STEP_SECONDS:g}, got {value!r:.40}")
+    return float(value)
+
+
+def _placement(observation: Observation) -> str:
+    """The CSV's placement string: GPUs per node, one digit per node (``"44"``)."""
+    per_node = observation.gpus // observation.nodes
+    return str(per_node) * observation.nodes

@@ -1,0 +1,68 @@
+"""A job's own profile as one bounded document (``profile.json``): every shipped profile
+survives the round trip, and every hostile value is refused naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from sia_slurm.model import load_profiles
+from sia_slurm.model.profile_json import profile_from_json, profile_to_json
+from sia_slurm.protocol import ProtocolError
+
+PROFILES = load_profiles()
+TYPES = tuple(PROFILES.gpu_types)
+
+
+@pytest.mark.parametrize("app", sorted(PROFILES.apps))
+def test_every_shipped_profile_round_trips(app: str) -> None:
+    profile = PROFILES.app(app)
+    assert profile_from_json(profile_to_json(profile), "p.json", TYPES) == profile
+
+
+def _doc(**changes: Any) -> dict[str, Any]:
+    document = copy.deepcopy(profile_to_json(PROFILES.app("cifar10")))
+    for path, value in changes.items():
+        target = document
+        *parents, last = path.split("__")
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        if value is ...:
+            del target[int(last) if last.isdigit() else last]
+        else:
+            target[int(last) if last.isdigit() else last] = value
+    return document
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"format": 2}, "format: this sia-slurm reads format 1"),
+        ({"extra": 1}, "unknown field(s) extra"),
+        ({"init_batch_size": 0}, "init_batch_size: expected an integer 1..16777216"),
+        ({"max_batch_size": 2**40}, "max_batch_size: expected an integer"),
+        ({"min_local_bsz": 10**6}, "init_batch_size: expected min_local_bsz"),
+        ({"max_local_bsz": {}}, "max_local_bsz: expected an object"),
+        ({"max_local_bsz": {"h100": 8}}, "max_local_bsz.h100: expected a GPU type"),
+        ({"max_local_bsz__t4": -3}, "max_local_bsz.t4: expected an integer"),
+        ({"seed": []}, "seed: expected a list"),
+        ({"seed__0__step_time": -1.0}, "seed[0].step_time: expected seconds > 0"),
+        ({"seed__0__step_time": 1e6}, "seed[0].step_time: expected seconds > 0 and <= 86400"),
+        ({"seed__0__step_time": True}, "seed[0].step_time"),
+        ({"seed__0__sync_time": 99.0}, "seed[0].sync_time: expected less than step_time"),
+        ({"seed__0__placement": "0"}, "seed[0].placement: expected digits 1-9"),
+        ({"seed__0__placement": 4}, "seed[0].placement"),
+        ({"seed__0__local_bsz": 10**7}, "seed[0].local_bsz: expected an integer 1.."),
+        ({"seed__0__gpu_type": "../t4"}, "seed[0].gpu_type: expected a GPU type"),
+        ({"seed__0__extra": 1}, "seed[0]: expected an object of gpu_type"),
+        ({"description": 3}, "description: expected text"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_a_hostile_profile_is_refused_naming_the_field(changes: dict[str, Any], said: str) -> None:
+    with pytest.raises(ProtocolError) as excinfo:
+        profile_from_json(_doc(**changes), "jobs/x/profile.json", TYPES)
+    assert str(excinfo.value).startswith("jobs/x/profile.json: ")
+    assert said in str(excinfo.value)
