@@ -35,6 +35,7 @@ from sia_slurm.service import (
 )
 from sia_slurm.service.logs import log_event
 from sia_slurm.state import StoreError
+from sia_slurm.text import printable
 
 EXIT_ERROR = 1
 
@@ -61,8 +62,10 @@ def load_config_or_exit(config_path: Path | None) -> SiaConfig:
         return load_config(resolved)
     except ConfigError as exc:
         for issue in exc.issues:
-            click.echo(str(issue), err=True)
-        click.echo(f"{resolved}: {len(exc.issues)} problem(s); configuration not usable", err=True)
+            echo_printable(str(issue), err=True)
+        echo_printable(
+            f"{resolved}: {len(exc.issues)} problem(s); configuration not usable", err=True
+        )
         raise SystemExit(EXIT_ERROR) from None
 
 
@@ -74,8 +77,15 @@ def backend_factory(ctx: click.Context) -> BackendFactory:
     return build_backend
 
 
+def echo_printable(text: str, *, err: bool = False) -> None:
+    """Print one line with its control characters escaped: most of what the commands show
+    (app names, Slurm's and the jobs' messages, exception texts quoting them) was written by a
+    cluster user, and must not reach the administrator's terminal as escape sequences."""
+    click.echo(printable(text), err=err)
+
+
 def fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
+    echo_printable(f"error: {message}", err=True)
     raise SystemExit(EXIT_ERROR)
 
 
@@ -143,6 +153,8 @@ def run(
     profiles_dir: Path | None,
 ) -> None:
     config = load_config_or_exit(config_path)
+    sia_log = logging.getLogger("sia_slurm")
+    level, propagate = sia_log.level, sia_log.propagate  # put back when run ends (embedders)
     try:
         handler = configure_logging(log_file, getattr(logging, log_level.upper()))
     except OSError as exc:
@@ -158,7 +170,7 @@ def run(
     try:
         reports = run_service(config, options, stop)
     except LockHeldError as exc:
-        click.echo(f"sia-slurm controller: {exc}", err=True)
+        echo_printable(f"sia-slurm controller: {exc}", err=True)
         raise SystemExit(EXIT_LOCKED) from None
     except (StoreError, ServiceError) as exc:
         log_event(logging.ERROR, str(exc), event="startup-error")
@@ -168,7 +180,9 @@ def run(
         fail(f"round failed: {type(exc).__name__}: {exc}")
     finally:
         restore()
-        logging.getLogger("sia_slurm").removeHandler(handler)
+        sia_log.removeHandler(handler)
         handler.close()
+        sia_log.setLevel(level)
+        sia_log.propagate = propagate
     if once and reports and reports[0].error:
         raise SystemExit(EXIT_ERROR)

@@ -20,6 +20,7 @@ from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.controller_cmd import (
     CONFIG_OPTION,
     PROFILES_OPTION,
+    echo_printable,
     fail,
     load_config_or_exit,
 )
@@ -111,16 +112,16 @@ def explain(
         current, placement = None, ()
     else:
         current, placement = _current(row)
-    click.echo(
+    echo_printable(
         f"job {job_id}: app {row.spec.get('app')}, kind {row.spec.get('kind')}, phase {phase}, "
         f"{'on ' + str(current) if current else 'no GPUs'}, restarts {restarts}"
     )
     said = live.message if live else row.message
     if said:
-        click.echo(f"Slurm: {said}")
+        echo_printable(f"Slurm: {said}")
     if decided is not None:
         index, d = decided
-        click.echo(
+        echo_printable(
             f"last decision (round {index}): {d.action} {d.before} -> {d.after}"
             + (
                 f", batch {d.batch_size}, predicted goodput {d.goodput:.1f} samples/s"
@@ -131,7 +132,9 @@ def explain(
         )
     record = controller.jobs.get(job_id)
     if record is None:
-        click.echo("the controller does not model this job any more (finished or never admitted)")
+        echo_printable(
+            "the controller does not model this job any more (finished or never admitted)"
+        )
         return
     if not nodes:
         fail("no cluster view: no round recorded yet and no live snapshot")
@@ -139,7 +142,7 @@ def explain(
     params = config.policy.params if isinstance(config.policy.params, SiaPolicyConfig) else None
     sia = params or SiaPolicyConfig()
     if params is None:
-        click.echo(f"(policy {config.policy.name}: the row uses Sia's default parameters)")
+        echo_printable(f"(policy {config.policy.name}: the row uses Sia's default parameters)")
     view = record.view(
         now=now,
         restarts=restarts,
@@ -153,18 +156,18 @@ def explain(
 def _explain_row(view: JobView, cluster: ClusterView, sia: SiaPolicyConfig) -> None:
     cost_s = sia.default_restart_cost if view.restart_cost is None else view.restart_cost
     factor = restart_factor(view.age, view.restarts, cost_s)
-    click.echo(
+    echo_printable(
         f"restart factor r = {factor:.3f} (age {view.age:.0f} s, {view.restarts} restarts, "
         f"S = {cost_s:g} s); applied to every configuration but the current one"
     )
     upper = "no limit" if view.max_gpus is None else str(view.max_gpus)
-    click.echo(
+    echo_printable(
         f"GPU limits: min {view.min_gpus}, max {upper}, most run on so far {view.max_gpus_seen} "
         f"(growth factor {sia.growth_factor})"
     )
     configs, forced, current = candidate_configs(view, cluster, ConfigIndex.of(cluster), sia)
     if not configs:
-        click.echo("no configuration of this cluster fits the job's limits: it cannot run here")
+        echo_printable("no configuration of this cluster fits the job's limits: it cannot run here")
         return
     row = view.estimator.evaluate(configs, fixed_batch=view.kind in FIXED_BATCH_KINDS)
     (cost,) = column_costs([view], [current], [row], sia)
@@ -172,12 +175,14 @@ def _explain_row(view: JobView, cluster: ClusterView, sia: SiaPolicyConfig) -> N
     positive = goodput[goodput > 0]
     smallest = float(positive.min()) if positive.size else math.nan
     if forced:
-        click.echo("the job is restoring from a checkpoint: it keeps its configuration this round")
-    click.echo(
+        echo_printable(
+            "the job is restoring from a checkpoint: it keeps its configuration this round"
+        )
+    echo_printable(
         f"goodput row (p = {sia.p:g}, lambda_n = {sia.lambda_n:g}; * = current configuration):"
     )
     headers = ("CONFIG", "GOODPUT", "BATCH", "LOCALxSTEPS", "NORM", "x r", "COST")
-    click.echo("  ".join(f"{h:>12}" if i else f"{h:<14}" for i, h in enumerate(headers)))
+    echo_printable("  ".join(f"{h:>12}" if i else f"{h:<14}" for i, h in enumerate(headers)))
     for i, config in enumerate(configs):
         norm = goodput[i] / smallest if goodput[i] > 0 else 0.0
         scaled = norm if i == current else norm * factor
@@ -190,13 +195,13 @@ def _explain_row(view: JobView, cluster: ClusterView, sia: SiaPolicyConfig) -> N
             f"{scaled:.2f}",
             "-" if np.isnan(cost[i]) else f"{cost[i]:+.3f}",
         )
-        click.echo(f"{mark}{config!s:<13}  " + "  ".join(f"{c:>12}" for c in cells))
+        echo_printable(f"{mark}{config!s:<13}  " + "  ".join(f"{c:>12}" for c in cells))
     best: dict[str, tuple[float, Configuration]] = {}
     for i, config in enumerate(configs):
         if goodput[i] > best.get(config.gpu_type, (0.0, config))[0]:
             best[config.gpu_type] = (float(goodput[i]), config)
     if best:
-        click.echo(
+        echo_printable(
             "best per GPU type: "
             + "; ".join(f"{t}: {c} at {g:.1f} samples/s" for t, (g, c) in sorted(best.items()))
         )

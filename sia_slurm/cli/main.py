@@ -19,6 +19,7 @@ from sia_slurm.cli.report_cmd import report_command
 from sia_slurm.cli.setup_cmd import setup_command
 from sia_slurm.cli.simulate_cmd import simulate_command
 from sia_slurm.cli.status_cmd import status
+from sia_slurm.service.logs import configure_text_logging
 
 HELP = """\
 Heterogeneity-aware, goodput-optimized scheduling of deep-learning jobs on Slurm.
@@ -54,4 +55,5 @@ cli.add_command(simulate_command)
 
 
 def main() -> None:
+    configure_text_logging()  # warnings as escaped text; `controller run` switches to JSON
     cli()

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from sia_slurm.cli import CONTEXT_SETTINGS
-from sia_slurm.cli.controller_cmd import load_config_or_exit
+from sia_slurm.cli.controller_cmd import echo_printable, load_config_or_exit
 from sia_slurm.cli.status_cmd import accounted_hours
 from sia_slurm.report import (
     JobRow,
@@ -28,6 +28,7 @@ from sia_slurm.report import (
     report_from_db,
     report_from_sim,
 )
+from sia_slurm.text import printable
 
 EXIT_ERROR = 1
 
@@ -116,7 +117,7 @@ def report_command(
     try:
         data = _load(db_path, config_path, sim_dir, workload, title, offline)
     except ReportSourceError as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo_printable(f"error: {exc}", err=True)
         raise SystemExit(EXIT_ERROR) from None
     if table:
         click.echo(format_table(data))
@@ -124,7 +125,7 @@ def report_command(
         try:
             index = render_site(data, out)
         except OSError as exc:
-            click.echo(f"error: --out {out}: cannot write the site: {exc}", err=True)
+            echo_printable(f"error: --out {out}: cannot write the site: {exc}", err=True)
             raise SystemExit(EXIT_ERROR) from None
         click.echo(f"dashboard: {index} ({len(data.jobs)} jobs, {len(data.rounds)} rounds)")
 
@@ -171,7 +172,8 @@ def gpu_history(job: JobRow) -> str:
 def format_table(data: ReportData) -> str:
     """The job table as fixed-width text, followed by the summary lines. The ``GPU-h (sacct)``
     column (Slurm accounting's charge over all the job's runs) is there only when the report
-    has accounting, as in ``status``."""
+    has accounting, as in ``status``. Every cell and summary line is escaped
+    (:func:`~sia_slurm.text.printable`): job ids and apps are the users'."""
     accounting = any(job.accounted_gpu_hours is not None for job in data.jobs)
     header = ("job", "app", "state", "JCT", "restarts",
               *(("GPU-h (sacct)",) if accounting else ()), "GPU type:count history")  # fmt: skip
@@ -179,9 +181,8 @@ def format_table(data: ReportData) -> str:
     for job in data.jobs:
         jct = "-" if job.jct_s is None else _minutes(job.jct_s)
         charged = () if not accounting else (f"{job.accounted_gpu_hours or 0.0:.3f}",)
-        rows.append(
-            (job.id, job.app, job.state, jct, str(job.restarts), *charged, gpu_history(job))
-        )
+        cells = (job.id, job.app, job.state, jct, str(job.restarts), *charged, gpu_history(job))
+        rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     lines = [
         "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]])
@@ -189,7 +190,7 @@ def format_table(data: ReportData) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in [*widths, len(header[-1])]))
     lines.append("")
-    lines.extend(f"{label}: {value}" for label, value in data.summary)
+    lines.extend(printable(f"{label}: {value}") for label, value in data.summary)
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.controller_cmd import (
     CONFIG_OPTION,
     backend_factory,
+    echo_printable,
     fail,
     load_config_or_exit,
 )
@@ -30,6 +31,7 @@ from sia_slurm.slurm.accounting import accounted_gpu_hours
 from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 from sia_slurm.state import Journal, Store, StoreError
+from sia_slurm.text import printable
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,9 @@ def _batch_text(batch: dict[str, Any] | None) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned lines; cells are escaped first (app names and ids are users'), so a control
+    character can neither reach the terminal nor skew the column widths."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
@@ -193,7 +198,7 @@ def status(
     with store:
         snapshot, why = (None, "--offline") if offline else live_snapshot(ctx, config)
         if snapshot is None and not offline:
-            click.echo(
+            echo_printable(
                 f"warning: no live snapshot ({why}); showing the last round's view", err=True
             )
         last = store.last_round()
@@ -213,7 +218,7 @@ def status(
     )
     rejected = snapshot.rejected if snapshot is not None else ()
     lost = [m for m in rejected if m.startswith(LOST_SUBMISSION)]
-    if as_json:
+    if as_json:  # values exact: json.dumps escapes every control character (\u001b) itself
         click.echo(
             json.dumps(
                 {
@@ -235,20 +240,20 @@ def status(
     if last is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.wall_time))
         when = f"round {last.round_index} at {stamp}" + (" (dry run)" if last.dry_run else "")
-    click.echo(f"state: {config.db_path}; last round: {when}; policy: {config.policy.name}")
-    click.echo(shares)
+    echo_printable(f"state: {config.db_path}; last round: {when}; policy: {config.policy.name}")
+    echo_printable(shares)
     if pending:
-        click.echo(f"pending actions: {pending} (re-applied at the next round)")
+        echo_printable(f"pending actions: {pending} (re-applied at the next round)")
     for entry in given_up:
-        click.echo(
+        echo_printable(
             f"given up: [round={entry['round']} job={entry['job']}] {entry['kind']}: "
             f"{entry['message']}"
         )
-    click.echo("")
+    click.echo()
     rows = [[t, str(c["total"]), str(c["usable"]), str(c["allocated"])] for t, c in gpus.items()]
     for line in _table(["GPU TYPE", "TOTAL", "USABLE", "ALLOCATED"], rows):
-        click.echo(line)
-    click.echo("")
+        echo_printable(line)
+    click.echo()
     job_rows = [
         [
             j.sia_id,
@@ -268,15 +273,15 @@ def status(
     if accounted is not None:
         headers.append("GPU-H (sacct)")  # every Slurm run of the job, joined by its comment
     for line in _table(headers, job_rows):
-        click.echo(line)
+        echo_printable(line)
     if not jobs:
-        click.echo("(no managed jobs)")
+        echo_printable("(no managed jobs)")
     if lost:
-        click.echo("")
+        click.echo()
     for line in lost:  # Slurm forgot a job it had accepted: only its user can submit it again
-        click.echo(line)
+        echo_printable(line)
     said = [j for j in jobs if j.message and j.phase in ("failed", "starting", "pending")]
     if said:
-        click.echo("")
+        click.echo()
     for j in said:  # why a job failed, or waits (Slurm's reason for a released job)
-        click.echo(f"{j.sia_id} {j.phase}: {j.message}")
+        echo_printable(f"{j.sia_id} {j.phase}: {j.message}")

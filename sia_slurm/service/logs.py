@@ -4,7 +4,13 @@ Why JSON lines: the controller's log is read by machines (journald -> Loki/Elast
 as often as by people; each line carries the round, the job and every field of the decision or
 action, plus a human ``message`` with the ``[round=N job=ID]`` prefix the rest of sia-slurm uses.
 Everything goes through :mod:`logging`; :func:`configure_logging` installs the formatter on the
-``sia_slurm`` logger, writing to stderr (journald) or to a file.
+``sia_slurm`` logger, writing to stderr (journald) or to a file. The other commands
+(``status``, ``report``, ...) print their warnings as plain text through
+:func:`configure_text_logging`.
+
+Many messages quote what users wrote (an app name, a job's exit message, Slurm's job name), so
+both formatters escape control characters (:func:`~sia_slurm.text.printable`): one record is
+one line, whatever the message holds, and ``jq -r .message`` prints no escape sequence.
 """
 
 from __future__ import annotations
@@ -19,33 +25,53 @@ from typing import Any
 from sia_slurm.cluster import Action, Move, Rebatch, Start
 from sia_slurm.controller import Decision
 from sia_slurm.state.codec import action_kind
+from sia_slurm.text import printable, printable_json
 
 EVENTS = logging.getLogger("sia_slurm.service.events")
 _EVENT_KEY = "sia_event"
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON object: time, level, logger, message, and event fields."""
+    """Formats a record as one JSON object: time, level, logger, message, and event fields.
+
+    Every string is escaped (:func:`~sia_slurm.text.printable`) before ``json.dumps``, which
+    alone would keep the line valid JSON but hand ``jq -r`` a user's escape sequences back.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         payload: dict[str, Any] = {
             "ts": round(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": printable(record.getMessage()),
         }
         event = getattr(record, _EVENT_KEY, None)
         if isinstance(event, dict):
-            payload.update(event)
-        if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
+            payload.update({k: _finite(v) for k, v in printable_json(event).items()})
+        if record.exc_info:  # a traceback's lines are its own: newlines kept, escapes not
+            payload["exception"] = printable(self.formatException(record.exc_info), one_line=False)
         return json.dumps(payload, default=_plain, sort_keys=False)
 
 
+class TextFormatter(logging.Formatter):
+    """Formats a record as one line of plain text: the message (and the exception, if any),
+    every control character escaped, so a newline in a user's string cannot start a line that
+    reads like another record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += " | " + self.formatException(record.exc_info)
+        return printable(text)
+
+
+def _finite(value: Any) -> Any:
+    """A non-finite number as its name: ``json.dumps`` would write ``NaN``, which is not JSON."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return str(value)
+    return printable(str(value))
 
 
 def configure_logging(log_file: Path | None = None, level: int = logging.INFO) -> logging.Handler:
@@ -57,13 +83,46 @@ def configure_logging(log_file: Path | None = None, level: int = logging.INFO) -
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger("sia_slurm")
-    for old in [h for h in root.handlers if isinstance(h.formatter, JsonFormatter)]:
-        root.removeHandler(old)
-        old.close()
+    _remove_ours(root)
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
     return handler
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (as logging's last resort
+    does), so a replaced stderr (a test runner's capture) is honoured."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def configure_text_logging(level: int = logging.WARNING) -> logging.Handler:
+    """Print ``sia_slurm``'s records of ``level`` and above to stderr as escaped plain text.
+
+    For the commands other than ``controller run`` (which calls :func:`configure_logging`
+    instead, replacing this handler). Without it their warnings would reach logging's last
+    resort, which prints each message raw.
+    """
+    handler = _StderrHandler()
+    handler.setLevel(level)
+    handler.setFormatter(TextFormatter())
+    root = logging.getLogger("sia_slurm")
+    _remove_ours(root)
+    root.addHandler(handler)
+    return handler
+
+
+def _remove_ours(root: logging.Logger) -> None:
+    for old in [h for h in root.handlers if isinstance(h.formatter, JsonFormatter | TextFormatter)]:
+        root.removeHandler(old)
+        old.close()
 
 
 def log_event(level: int, message: str, **fields: Any) -> None:

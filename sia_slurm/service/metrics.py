@@ -5,6 +5,12 @@ Why a textfile: the controller may be a new process per round (cron), so it cann
 picks the file up. It is written to a temporary name and renamed, so the collector never reads a
 half-written file. Counters (actions by kind and result) come from the journal, so they keep
 counting across processes.
+
+Metric and label names are the code's own (checked against the format's grammar on output); no
+user string becomes one. Label values come from the configuration and the code (GPU types,
+phases, action kinds), but are escaped all the same: newline, backslash and double quote as the
+format says, and every other control character made visible (``\\x1b``), so the file stays one
+sample per line and ``cat`` prints no escape sequence.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sia_slurm.cluster import JobPhase
+from sia_slurm.text import printable
 
 PROM_FILE = "sia.prom"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
 @dataclass(frozen=True)
@@ -118,7 +126,11 @@ def render(metrics: Iterable[Metric]) -> str:
     """The text exposition format (version 0.0.4): HELP and TYPE lines, then samples."""
     lines = []
     for metric in metrics:
-        lines.append(f"# HELP {metric.name} {_escape_help(metric.help)}")
+        if not _METRIC_NAME.fullmatch(metric.name):
+            raise ValueError(f"metric name {metric.name!r} is not a valid Prometheus metric name")
+        if metric.kind not in ("gauge", "counter"):
+            raise ValueError(f"metric {metric.name}: type {metric.kind!r}; expected gauge, counter")
+        lines.append(f"# HELP {metric.name} {_escaped(metric.help)}")
         lines.append(f"# TYPE {metric.name} {metric.kind}")
         for sample in metric.samples:
             lines.append(f"{metric.name}{_labels(sample.labels)} {_number(sample.value)}")
@@ -146,15 +158,22 @@ def _labels(labels: Mapping[str, str]) -> str:
         return ""
     parts = []
     for key, value in labels.items():
-        if not _LABEL_NAME.match(key):
+        if not _LABEL_NAME.fullmatch(key):
             raise ValueError(f"metric label name {key!r} is not a valid Prometheus label")
-        escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-        parts.append(f'{key}="{escaped}"')
+        parts.append(f'{key}="{_escape_label_value(str(value))}"')
     return "{" + ",".join(parts) + "}"
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+def _escape_label_value(text: str) -> str:
+    return _escaped(text).replace('"', '\\"')
+
+
+def _escaped(text: str) -> str:
+    """``text`` in the format's escapes: a newline as ``\\n``, a backslash as ``\\\\`` (and a
+    double quote as ``\\"`` in a label value, by the caller). Any other control character is
+    first made a visible escape of its own (:func:`~sia_slurm.text.printable`), whose backslash
+    is then escaped too: the collector (Go's expfmt) refuses any escape but those three."""
+    return "\\n".join(printable(line).replace("\\", "\\\\") for line in text.split("\n"))
 
 
 def _number(value: float) -> str:
