@@ -27,6 +27,7 @@ from sia_slurm.cli.controller_cmd import (
 )
 from sia_slurm.cluster import ClusterSnapshot
 from sia_slurm.config import SiaConfig
+from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.slurm.accounting import accounted_gpu_hours
 from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
@@ -148,6 +149,17 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
     return lines
 
 
+def quarantined_last_round(store: Store) -> dict[str, str]:
+    """The jobs the last round quarantined (sia id -> ``<stage>: <why>``): one job's files,
+    model or evaluation failed, and it sat the round out while the others were decided
+    (:mod:`sia_slurm.controller.quarantine`)."""
+    last = store.last_round()
+    if last is None:
+        return {}
+    decided = store.decisions(last.round_index)
+    return {s: d.note for s, d in sorted(decided.items()) if d.action == QUARANTINED}
+
+
 def _batch_text(batch: dict[str, Any] | None) -> str:
     if not batch:
         return "-"
@@ -210,6 +222,7 @@ def status(
         ]  # fmt: skip
         gpus = gpu_table(store, snapshot)
         jobs = job_lines(store, snapshot, show_all)
+        quarantined = quarantined_last_round(store)
     accounted = None if offline else accounted_hours(config)
     if accounted is not None:
         jobs = [replace(j, accounted_gpu_hours=accounted.get(j.sia_id, 0.0)) for j in jobs]
@@ -228,6 +241,7 @@ def status(
                     "pending_actions": pending,
                     "given_up_actions": given_up,
                     "lost_submissions": lost,
+                    "quarantined": quarantined,
                     "shares": shares,
                     "gpu_types": gpus,
                     "jobs": [asdict(line) for line in jobs],
@@ -285,3 +299,7 @@ def status(
         click.echo()
     for j in said:  # why a job failed, or waits (Slurm's reason for a released job)
         echo_printable(f"{j.sia_id} {j.phase}: {j.message}")
+    if quarantined:
+        click.echo()
+    for sia_id, reason in quarantined.items():  # sat the last round out: its own failure
+        echo_printable(f"{sia_id} quarantined (last round): {reason}")

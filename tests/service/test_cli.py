@@ -231,3 +231,22 @@ def test_status_without_a_slurm_conf_says_how_to_point_at_one(
     )
     assert result.exit_code == 0, result.output
     assert "set SLURM_CONF to the cluster's slurm.conf" in result.output
+
+
+def test_status_and_explain_show_a_quarantined_job_and_why(
+    setup: tuple[Path, FakeCluster],
+) -> None:
+    """A job the round could not model sits it out; status (text, --json, --offline) and
+    explain say so with the stage and the reason, and the other jobs run."""
+    config, cluster = setup
+    cluster.submit(JobSpec("train-c", "nosuchmodel", submit_time=0.0), work=1e7)
+    rounds(config, cluster, 1)
+    said = "fit: job train-c: app: "
+    text = invoke(cluster, "status", "--config", str(config)).output
+    (line,) = [line for line in text.splitlines() if line.startswith("train-c quarantined")]
+    assert line.startswith(f"train-c quarantined (last round): {said}")
+    data = json.loads(invoke(None, "status", "--config", str(config), "--json", "--offline").output)
+    assert data["quarantined"]["train-c"].startswith(said)
+    explained = invoke(None, "explain", "train-c", "--config", str(config), "--offline").output
+    assert "quarantined" in explained and said in explained
+    assert all(cluster.jobs[j].launches == 1 for j in ("train-a", "train-b"))
