@@ -86,6 +86,7 @@ class RoundOutcome:
     rejected: tuple[str, ...] = ()
     timings: Mapping[str, float] = field(default_factory=dict)
     quarantined: Mapping[str, str] = field(default_factory=dict)  # sia id -> stage: why
+    reports_taken: tuple[MetricsReport, ...] = ()  # the reports the models were fed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
@@ -157,7 +158,8 @@ class Controller:
         """
         t0 = time.perf_counter()
         quarantine = Quarantine.from_snapshot(snapshot)
-        live, rejected = self._observe(snapshot, quarantine)
+        taken: list[MetricsReport] = []
+        live, rejected = self._observe(snapshot, quarantine, taken)
         t1 = time.perf_counter()
         try:
             decided = self._decide_isolating(snapshot, live, quarantine)
@@ -185,6 +187,7 @@ class Controller:
                 "total_s": time.perf_counter() - t0,
             },
             quarantined=quarantine.reasons,
+            reports_taken=tuple(taken),
         )
         self.previous = decided.allocation
         self.round_index += 1
@@ -245,7 +248,8 @@ class Controller:
         try:
             self._decide(snapshot, jobs, quarantine)
         except Exception as exc:
-            return _stage_of(exc), f"{type(exc).__name__}: {exc}"
+            cause = exc.cause if isinstance(exc, _StageError) else exc
+            return _stage_of(exc), f"{type(cause).__name__}: {cause}"
         return None
 
     def _decide(
@@ -291,8 +295,10 @@ class Controller:
     # Observe: admit new jobs, forget finished ones, learn from reports
 
     def _observe(
-        self, snapshot: ClusterSnapshot, quarantine: Quarantine
+        self, snapshot: ClusterSnapshot, quarantine: Quarantine, taken: list[MetricsReport]
     ) -> tuple[list[JobSnapshot], list[str]]:
+        """Admit new jobs, forget finished ones, and feed each believed report to its job's
+        model (appended to ``taken``); the live jobs to decide, and what was rejected."""
         rejected = list(snapshot.rejected)
         live: list[JobSnapshot] = []
         seen: set[str] = set()
@@ -318,12 +324,18 @@ class Controller:
             if job.phase.holds_gpus and job.config is not None:
                 record.max_gpus_seen = max(record.max_gpus_seen, job.config.gpus)
             live.append(job)
+        seen |= set(snapshot.quarantined)  # unread this round, not gone: keep its model
         for gone in set(self.jobs) - seen:  # vanished from the cluster without finishing
             del self.jobs[gone]
+        current = {job.sia_id: job for job in live}
         for report in snapshot.reports:
             if report.sia_id in finished:
                 continue  # a finished job's last report: nothing left to decide with it
-            rejected.extend(self._ingest(report))
+            why = self._ingest(report, current.get(report.sia_id), snapshot.time)
+            if why:
+                rejected.append(why)
+            else:
+                taken.append(report)
         return [j for j in live if not quarantine.holds(j)], rejected
 
     def _build_estimator(self, job: JobSnapshot) -> JobGoodputEstimator:
@@ -333,17 +345,20 @@ class Controller:
             return self._estimator_for(job.spec)
         return self._estimator_for(job.spec, job.profile_document)  # type: ignore[call-arg]
 
-    def _ingest(self, report: MetricsReport) -> list[str]:
-        """Feed ``report`` to its job's model; a report the model refuses is said and left
-        out, and the job keeps the model it had (a report is one measurement among many)."""
+    def _ingest(self, report: MetricsReport, job: JobSnapshot | None, now: float) -> str:
+        """Feed ``report`` to its job's model; why not (``""`` if it was). A report the checks
+        of :mod:`sia_slurm.controller.reports` or the model refuse is said and left out, and
+        the job keeps the model it had (a report is one measurement among many)."""
         record = self.jobs.get(report.sia_id)
-        if record is None:
-            return [f"metrics for {report.sia_id}: no such live managed job; ignored"]
+        if record is None or job is None:
+            return f"metrics for {report.sia_id}: no such live managed job; ignored"
         try:
-            record.ingest(report)
+            why = record.believe(report, job, now)
+            if not why:
+                record.ingest(report)
         except Exception as exc:
-            return [f"metrics for {report.sia_id}: {type(exc).__name__}: {exc}; ignored"]
-        return []
+            why = f"{type(exc).__name__}: {exc}"
+        return f"metrics for {report.sia_id}: {why}; ignored" if why else ""
 
     def _weights(
         self, live: list[JobSnapshot], snapshot: ClusterSnapshot, policy_input: PolicyInput

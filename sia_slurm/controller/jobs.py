@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sia_slurm.cluster import JobSnapshot
+from sia_slurm.controller.reports import Pace, clamped_stats, mismatch
 from sia_slurm.core import Configuration, JobKind
 from sia_slurm.model import (
     AppProfile,
-    GradientStats,
     JobGoodputEstimator,
     Observation,
     ProfileSet,
@@ -89,6 +90,15 @@ class JobRecord:
     max_gpus_seen: int = 0
     reports: int = 0
     last_report_time: float = float("-inf")
+    # The first report taken on the job's current shape, on the controller's clock: what the
+    # steps its later reports claim are checked against (controller/reports.py). Not kept
+    # across a restart of the controller: the check starts again from the next report.
+    pace: Pace | None = None
+    # Why its last report was not believed, when it described another configuration than the
+    # job runs or claimed a pace its steps do not show: until a report is believed again the
+    # job is held at its minimum (a lie never earns GPUs; a report refused for a batch the
+    # job is still changing to does not count). "" when its reports are believed.
+    distrusted: str = ""
 
     def view(
         self,
@@ -116,15 +126,31 @@ class JobRecord:
             current=current,
             placement=placement,
             min_gpus=spec.min_gpus,
-            max_gpus=spec.max_gpus,
+            max_gpus=spec.min_gpus if self.distrusted else spec.max_gpus,
             max_gpus_seen=self.max_gpus_seen,
             requested_gpus=spec.requested_gpus,
             requested_gpu_type=spec.requested_gpu_type,
             restoring=restoring,
         )
 
+    def believe(self, report: MetricsReport, job: JobSnapshot, now: float) -> str:
+        """Why ``report`` is not believed (``""`` if it is): it does not describe what ``job``
+        runs, or it claims a pace its steps do not show on the controller's clock ``now``."""
+        why, lie = mismatch(report, job)
+        if not why:
+            shape = Pace.shape_of(report)
+            if self.pace is None or self.pace.shape != shape:
+                self.pace = Pace(shape, now, report.steps)
+            why = lie = self.pace.implausible(report, now)
+        if lie:
+            self.distrusted = lie
+        elif not why:
+            self.distrusted = ""
+        return why
+
     def ingest(self, report: MetricsReport) -> None:
-        """Feed one metrics report to the job's goodput model (throughput and statistics)."""
+        """Feed one metrics report to the job's goodput model (throughput and statistics, the
+        latter clamped: :func:`~sia_slurm.controller.reports.clamped_stats`)."""
         observation = Observation(
             nodes=report.nodes,
             gpus=report.gpus,
@@ -134,6 +160,8 @@ class JobRecord:
             accum_steps=report.accum_steps,
         )
         self.estimator.observe(report.gpu_type, observation)
-        self.estimator.update_grad_stats(GradientStats(report.grad_sqr, report.grad_var))
+        limits = self.estimator.limits
+        stats = clamped_stats(report, limits.init_batch_size, limits.max_batch_size)
+        self.estimator.update_grad_stats(stats)
         self.reports += 1
         self.last_report_time = report.time

@@ -122,7 +122,9 @@ def candidate_configs(
     Jobs mid-restore and running pinned jobs are fixed; rigid jobs get one column per type at
     their requested count; adaptive and strong-scaling jobs the type's configuration set within
     their GPU limits. A running job's current configuration is always a candidate (if it still
-    fits), so staying put is never ruled out by the shape of the set.
+    fits, and is within the job's ``max_gpus``: the controller lowers that to hold a job whose
+    reports it does not believe at its minimum), so staying put is never ruled out by the
+    shape of the set.
     """
     current = job.current
     current_ok = current is not None and current.gpu_type in cluster.types
@@ -136,7 +138,8 @@ def candidate_configs(
     else:
         low, high = gpu_limits(job, config)
         configs = index.between(low, high)
-    if not current_ok:
+    over = current is not None and job.max_gpus is not None and current.gpus > job.max_gpus
+    if not current_ok or over:
         return configs, False, None
     position = index.position(configs, current)  # type: ignore[arg-type]
     if position is not None:

@@ -227,7 +227,7 @@ def _record(
         store.record_jobs(snapshot)
         store.record_round(outcome, snapshot, dry_run=dry_run, wall_time=now, timings=timings)
         save_memory(
-            store, controller, config.policy.name, snapshot.reports, outcome.round_index, now
+            store, controller, config.policy.name, outcome.reports_taken, outcome.round_index, now
         )
         return journal.add(outcome.actions, now, state=SKIPPED if dry_run else PENDING)
 

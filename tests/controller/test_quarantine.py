@@ -194,8 +194,10 @@ def test_a_failure_of_every_job_is_the_rounds(factory: EstimatorFactory) -> None
 
 
 def test_the_quarantine_is_logged_once_per_change(
-    factory: EstimatorFactory, caplog: pytest.LogCaptureFixture
+    factory: EstimatorFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the service's logging setup (other tests) may have stopped sia_slurm's propagation
+    monkeypatch.setattr(logging.getLogger("sia_slurm"), "propagate", True)
     controller = Controller(make_policy("sia"), _Raising(factory, _fit_fails))
     snapshot = ClusterSnapshot(0.0, NODES, (*others(), bad_job()))
 

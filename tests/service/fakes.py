@@ -193,6 +193,7 @@ class FakeCluster:
         return MetricsReport(
             job.spec.sia_id, self.time, job.config.gpu_type, job.config.nodes, job.config.gpus,
             job.batch.local_bsz, job.batch.accum_steps, step, sync, 1.0, 4.0,
+            steps=int(job.done_work / job.batch.batch_size),  # at the pace its step time says
         )  # fmt: skip
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:

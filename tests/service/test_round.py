@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -184,21 +186,31 @@ def test_unanswered_actions_stay_pending(config: SiaConfig, store: Store, tmp_pa
     assert sorted(e.state for e in Journal(store).entries()) == [DONE, PENDING]
 
 
+@contextmanager
+def json_log(path: Path) -> Iterator[None]:
+    """The controller's JSON log into ``path`` for the block, then the ``sia_slurm`` logger as
+    it was (later tests read records through pytest's caplog, which needs propagation)."""
+    from sia_slurm.service import configure_logging
+
+    sia_log = logging.getLogger("sia_slurm")
+    level, propagate = sia_log.level, sia_log.propagate
+    handler = configure_logging(path)
+    try:
+        yield
+    finally:
+        handler.close()
+        sia_log.removeHandler(handler)
+        sia_log.setLevel(level)
+        sia_log.propagate = propagate
+
+
 def test_log_lines_one_per_decision_and_action(
     config: SiaConfig, store: Store, cluster: FakeCluster, tmp_path: Path
 ) -> None:
-    from sia_slurm.service import configure_logging
-
     log = tmp_path / "controller.log"
-    handler = configure_logging(log)
-    try:
+    with json_log(log):
         submit(cluster, 2)
         one_round(config, cluster, store)
-    finally:
-        handler.close()
-        import logging
-
-        logging.getLogger("sia_slurm").removeHandler(handler)
     events = [json.loads(line) for line in log.read_text().splitlines()]
     decisions = [e for e in events if e.get("event") == "decision"]
     actions = [e for e in events if e.get("event") == "action"]
@@ -321,11 +333,8 @@ def test_a_failing_reconcile_leaves_its_entries_pending_and_the_round_goes_on(
 def test_a_job_that_ends_is_logged_once_with_why(
     config: SiaConfig, store: Store, cluster: FakeCluster, tmp_path: Path
 ) -> None:
-    from sia_slurm.service import configure_logging
-
     log = tmp_path / "controller.log"
-    handler = configure_logging(log)
-    try:
+    with json_log(log):
         submit(cluster, 2)
         one_round(config, cluster, store)
         cluster.advance(600)
@@ -335,11 +344,6 @@ def test_a_job_that_ends_is_logged_once_with_why(
         for _ in range(3):
             cluster.advance(1e6)
             one_round(config, cluster, store)
-    finally:
-        handler.close()
-        import logging
-
-        logging.getLogger("sia_slurm").removeHandler(handler)
     events = [json.loads(line) for line in log.read_text().splitlines()]
     ended = [(e["job"], e["phase"], e["level"]) for e in events if e.get("event") == "finished"]
     assert sorted(ended) == [("job0", "done", "info"), ("job1", "failed", "error")]

@@ -284,6 +284,8 @@ class ProtocolJob:
         return assignment
 
     def _report(self, assignment: Assignment, now: float) -> None:
+        """Write a metrics report of ``assignment`` (step times by the GPU count, or the seed
+        profile's); its steps follow those times."""
         if self.profile is None:
             step_time = 0.1 + 0.4 / assignment.gpus
             sync = step_time / 10
@@ -302,7 +304,9 @@ class ProtocolJob:
             sync_time=sync,
             grad_sqr=1.0,
             grad_var=2.0,
-            steps=self.counter,
+            # Steps at the pace its step time claims over the time it counted (the controller
+            # believes no report whose steps advance far slower than its step time says).
+            steps=int(self.counter * TICK_S / iteration_time(step_time, sync, assignment)),
             round_index=assignment.round_index,
             slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
             slurm_restart_count=self.restart_count,
@@ -311,6 +315,12 @@ class ProtocolJob:
 
     def _on_term(self, *_: object) -> None:
         self.terminated = True
+
+
+def iteration_time(step_time: float, sync_time: float, assignment: Assignment) -> float:
+    """Seconds per optimizer step: the extra micro-batches without the all-reduce, then the
+    synchronising one (sia_slurm.controller.reports.iteration_time)."""
+    return assignment.accum_steps * (step_time - sync_time) + step_time
 
 
 def main() -> int:
