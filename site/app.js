@@ -132,31 +132,44 @@
     legend(box, colourOf);
   }
 
-  // The job table. "GPU-h (sacct)" (Slurm accounting's charge over all of a job's runs) is a
-  // column only when the report has accounting: a report without it (a simulation, --db, a
-  // cluster without slurmdbd, a data file older than the field) has no number for any job.
+  // The job table. Two columns are there only when some job has a value for them:
+  // "GPU-h (sacct)" (Slurm accounting's charge over all of a job's runs; a report without
+  // accounting, such as a simulation, --db, a cluster without slurmdbd or a data file older
+  // than the field, has no number for any job) and "note" (why a job is in its state: the
+  // controller's "<stage>: <why>" for a job quarantined in the last round).
   function jobTable(data) {
     const tbody = document.querySelector("#jobs-table tbody");
+    const head = document.querySelector("#jobs-table thead tr");
     const jobs = data.jobs || [];
     const accounting = jobs.some((j) => typeof j.accounted_gpu_hours === "number");
+    const notes = jobs.some((j) => j.note);
+    // Per column: its value, and for a number its digits and cell class.
+    const columns = [
+      { value: (j) => j.id }, { value: (j) => j.app }, { value: (j) => j.state },
+      { value: (j) => j.gpu_type || "-" },
+      { value: (j) => j.gpus || 0, digits: 0 }, { value: (j) => j.batch_size || 0, digits: 0 },
+      { value: (j) => j.goodput_predicted, digits: 2 }, { value: (j) => j.goodput_measured, digits: 2 },
+      { value: (j) => j.restarts || 0, digits: 0 },
+      { value: (j) => (j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / 3600), digits: 2 },
+    ];
     if (accounting) {
-      document.querySelector("#jobs-table thead tr").appendChild(
-        el("th", { class: "accounted", title: "GPU-hours sacct accounted over all the job's Slurm runs" }, "GPU-h (sacct)"));
+      head.appendChild(el("th", { class: "accounted", title: "GPU-hours sacct accounted over all the job's Slurm runs" }, "GPU-h (sacct)"));
+      columns.push({ value: (j) => j.accounted_gpu_hours ?? null, digits: 3, cls: "num accounted" });
     }
-    const rows = jobs.map((j) => [
-      j.id, j.app, j.state, j.gpu_type || "-", j.gpus || 0, j.batch_size || 0,
-      j.goodput_predicted, j.goodput_measured, j.restarts || 0,
-      j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / 3600,
-      ...(accounting ? [j.accounted_gpu_hours ?? null] : []),
-    ]);
-    const numeric = [false, false, false, false, true, true, true, true, true, true, true];
-    const digits = [0, 0, 0, 0, 0, 0, 2, 2, 0, 2, 3];
+    if (notes) {
+      head.appendChild(el("th", { class: "note", title: "why the job is in its state (quarantined: the stage that failed, and why)" }, "note"));
+      columns.push({ value: (j) => j.note || "", cls: "note" });
+    }
+    const rows = jobs.map((j) => ({ state: String(j.state), cells: columns.map((c) => c.value(j)) }));
     function draw(sorted) {
       tbody.replaceChildren();
       for (const r of sorted) {
-        const tr = el("tr", { class: "job-row" });
-        r.forEach((v, i) => tr.appendChild(el("td", numeric[i] ? { class: i === 10 ? "num accounted" : "num" } : {},
-          numeric[i] ? fmt(v, digits[i]) : String(v))));
+        const tr = el("tr", { class: "job-row", "data-state": r.state });
+        r.cells.forEach((v, i) => {
+          const c = columns[i], numeric = c.digits !== undefined;
+          const cls = c.cls || (numeric ? "num" : undefined);
+          tr.appendChild(el("td", cls ? { class: cls } : {}, numeric ? fmt(v, c.digits) : String(v)));
+        });
         tbody.appendChild(tr);
       }
     }
@@ -164,7 +177,7 @@
     document.querySelectorAll("#jobs-table th").forEach((th, i) => {
       let asc = true;
       th.addEventListener("click", () => {
-        rows.sort((a, b) => ((a[i] ?? -Infinity) > (b[i] ?? -Infinity) ? 1 : -1) * (asc ? 1 : -1));
+        rows.sort((a, b) => ((a.cells[i] ?? -Infinity) > (b.cells[i] ?? -Infinity) ? 1 : -1) * (asc ? 1 : -1));
         asc = !asc;
         draw(rows);
       });

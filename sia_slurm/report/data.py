@@ -34,6 +34,10 @@ class JobRow:
     existed. The site then leaves the column out altogether rather than show a column of
     dashes: "no accounting" is a property of the whole report, not of a job, and the
     summary's absent ``GPU-h (sacct)`` entry already says it.
+
+    ``note`` says why a job is in its state, where that is not plain: for a job quarantined in
+    the last recorded round (``state == "quarantined"``) the controller's reason,
+    ``<stage>: <why>``. Empty otherwise; the site adds its column only when some job has one.
     """
 
     id: str
@@ -50,6 +54,7 @@ class JobRow:
     jct_s: float | None = None
     segments: tuple[Segment, ...] = ()
     accounted_gpu_hours: float | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ What comes from where (schema: :mod:`sia_slurm.state.store`):
   GPU count, batch and *predicted* goodput of the last decision that gave the job GPUs (a
   finished job has no current configuration any more, its last decision still says what it ran
   on); the timeline segments from the per-round decisions (a segment per run of rounds with the
-  same configuration, ending at the next change, the job's finish or the last round);
+  same configuration, ending at the next change, the job's finish or the last round; a round
+  that quarantined the job counts with the configuration it held, which stays its own);
+* the jobs the *last* round quarantined (a ``decisions`` row with action
+  :data:`~sia_slurm.controller.quarantine.QUARANTINED`): state ``quarantined`` and the reason,
+  ``<stage>: <why>``, as the row's ``note`` (see :func:`quarantined_rows`); a job out of
+  quarantine shows its phase again;
 * the *measured* goodput of a job from its newest metrics report: throughput of the reported
   shape times the statistical efficiency of its gradient statistics at its batch, relative to
   M0. Reports of finished jobs are dropped from the database, so for them the job's metrics
@@ -32,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sia_slurm.controller import Decision
+from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.protocol import METRICS_FILE, MetricsReport, ProtocolError, StatePaths, from_json
 from sia_slurm.report.data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
@@ -42,6 +49,7 @@ from sia_slurm.state.store import JobRow as StoredJob
 from sia_slurm.userfiles import JobDirectory
 
 NO_CONFIG = "-"
+UNKNOWN_APP = "?"  # the app of a job the controller has no row of (never read)
 
 
 class ReportSourceError(ValueError):
@@ -50,13 +58,15 @@ class ReportSourceError(ValueError):
 
 @dataclass(frozen=True)
 class _DecisionPoint:
-    """One job's decision in one round, as the timeline needs it."""
+    """One job's decision in one round, as the timeline needs it: ``after`` is the
+    configuration the job has after the round (for a quarantined job the one it held)."""
 
     round_index: int
     time: float
     after: str
     batch_size: int
     goodput: float
+    quarantined: bool = False
 
 
 def report_from_db(
@@ -81,6 +91,7 @@ def report_from_db(
         rounds = _rounds(store)
         jobs = store.jobs()
         decisions = _decisions(store)
+        quarantined = store.decisions(rounds[-1].round_index) if rounds else {}
         reports = _stored_reports(store)
         nodes = store.last_nodes()
     finally:
@@ -99,6 +110,8 @@ def report_from_db(
         _job_row(job, decisions.get(job.sia_id, []), reports.get(job.sia_id), origin, end)
         for job in sorted(jobs, key=lambda j: (j.submit_time or 0.0, j.sia_id))
     )
+    last_time = rounds[-1].time - origin if rounds else 0.0
+    rows = quarantined_rows(rows, quarantined.values(), last_time)
     if accounted is not None:
         rows = tuple(replace(row, accounted_gpu_hours=accounted.get(row.id, 0.0)) for row in rows)
     points = tuple(_round_point(r, origin) for r in rounds)
@@ -130,15 +143,21 @@ def _rounds(store: Store) -> list[RoundRow]:
 
 def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
     rows = store.conn.execute(
-        "SELECT d.round_index, d.sia_id, d.after, d.batch_size, d.goodput, r.time "
-        "FROM decisions d JOIN rounds r ON r.round_index = d.round_index "
+        "SELECT d.round_index, d.sia_id, d.action, d.before, d.after, d.batch_size, d.goodput, "
+        "r.time FROM decisions d JOIN rounds r ON r.round_index = d.round_index "
         "ORDER BY d.sia_id, d.round_index"
     ).fetchall()
     by_job: dict[str, list[_DecisionPoint]] = {}
     for row in rows:
+        held = row["action"] == QUARANTINED  # sat the round out, keeping what it held
         by_job.setdefault(row["sia_id"], []).append(
             _DecisionPoint(
-                row["round_index"], row["time"], row["after"], row["batch_size"], row["goodput"]
+                row["round_index"],
+                row["time"],
+                row["before"] if held else row["after"],
+                row["batch_size"],
+                row["goodput"],
+                held,
             )
         )
     return by_job
@@ -231,7 +250,8 @@ def _job_row(
 ) -> JobRow:
     submit = job.submit_time if job.submit_time is not None else origin
     finish = job.finish_time if job.phase in ("done", "failed") else None
-    granted = [d for d in decisions if d.after != NO_CONFIG]
+    # A quarantined round decided nothing: batch and goodput come from the last real grant.
+    granted = [d for d in decisions if d.after != NO_CONFIG and not d.quarantined]
     last = granted[-1] if granted else None
     config = parse_config(last.after) if last else None
     if job.config is not None:  # holds GPUs now: the snapshot's view is the truth
@@ -255,6 +275,42 @@ def _job_row(
         jct_s=None if finish is None or job.phase != "done" else finish - submit,
         segments=segments_from_decisions(decisions, segment_end, origin),
     )
+
+
+def quarantined_rows(
+    rows: Sequence[JobRow], quarantined: Iterable[Decision], last_time: float
+) -> tuple[JobRow, ...]:
+    """``rows`` with the jobs the last round quarantined shown as such: state
+    ``quarantined`` and the controller's reason as ``note``, whatever the phase the database
+    holds (a job the backend could not read is missing from that round's snapshot, so its
+    row may say ``gone``). Only the last round counts: a job quarantined earlier and decided
+    since shows its phase.
+
+    A quarantined job without a row (the backend never read it, so never recorded it) is
+    still a job of the cluster that is not being scheduled: it is added at the end, with app
+    ``?``, the configuration it holds if any, and the last round's time as its submission
+    (the earliest time the database knows of it)."""
+    reasons = {d.sia_id: d for d in quarantined if d.action == QUARANTINED}
+    shown = tuple(
+        replace(row, state=QUARANTINED, note=reasons[row.id].note) if row.id in reasons else row
+        for row in rows
+    )
+    known = {row.id for row in rows}
+    unread = []
+    for sia_id in sorted(set(reasons) - known):
+        config = parse_config(reasons[sia_id].before)
+        unread.append(
+            JobRow(
+                id=sia_id,
+                app=UNKNOWN_APP,
+                state=QUARANTINED,
+                submit_time=last_time,
+                gpu_type=config[0] if config else "",
+                gpus=config[2] if config else 0,
+                note=reasons[sia_id].note,
+            )
+        )
+    return (*shown, *unread)
 
 
 def segments_from_decisions(
@@ -305,7 +361,7 @@ def summary_pairs(
     jobs: Sequence[JobRow], rounds: Sequence[RoundPoint], extra: Mapping[str, str] | None = None
 ) -> tuple[tuple[str, str], ...]:
     """Jobs done, average and p99 JCT, makespan, restarts per job, the GPU-hours Slurm
-    accounting charged (when known), median solve time."""
+    accounting charged (when known), jobs quarantined (when any), median solve time."""
     jcts = sorted(j.jct_s for j in jobs if j.jct_s is not None)
     done = [j for j in jobs if j.jct_s is not None and j.finish_time is not None]
     pairs: list[tuple[str, str]] = [("jobs", f"{len(done)}/{len(jobs)} done")]
@@ -320,6 +376,9 @@ def summary_pairs(
     accounted = [j.accounted_gpu_hours for j in jobs if j.accounted_gpu_hours is not None]
     if accounted:  # Slurm accounting's charge, all runs of all jobs (absent without it)
         pairs.append(("GPU-h (sacct)", f"{sum(accounted):.3f}"))
+    quarantined = sum(j.state == QUARANTINED for j in jobs)
+    if quarantined:  # not scheduled this round; the job table's note says why
+        pairs.append(("quarantined", str(quarantined)))
     solve = sorted(r.solve_ms for r in rounds if r.solve_ms is not None)
     if solve:
         pairs.append(("rounds", str(len(rounds))))

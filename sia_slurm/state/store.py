@@ -284,7 +284,9 @@ class Store:
         existing = {row.sia_id: row for row in self.jobs([job.sia_id for job in snapshot.jobs])}
         for job in snapshot.jobs:
             self._upsert_job(job, existing.get(job.sia_id), snapshot.time)
-        self._mark_vanished({job.sia_id for job in snapshot.jobs}, snapshot.time)
+        # A job the backend could not read this round is quarantined, not gone.
+        seen = {job.sia_id for job in snapshot.jobs} | set(snapshot.quarantined)
+        self._mark_vanished(seen, snapshot.time)
         self.set_meta(
             "last_nodes",
             [[n.name, n.gpu_type, n.total_gpus, n.usable_gpus] for n in snapshot.nodes],
