@@ -501,6 +501,74 @@ def test_a_requeue_by_the_user_is_undone(site: Site, jobs: dict[str, tuple[str, 
     wait_for("her job under the controller again", lambda: site.under_control(job_id, sia_id))
 
 
+def test_hostile_values_and_lies_stay_with_their_job(
+    site: Site, jobs: dict[str, tuple[str, str]]
+) -> None:
+    """Issue 35: a 5,000-digit integer in a spec (once it failed every round, for everyone,
+    for ten minutes), an escape sequence as an app name, a profile path without the copy
+    sia-sbatch makes: each job sits the rounds out alone, quarantined with its reason, and
+    the rounds go on. A job whose metrics describe 8 GPUs while it runs on 1 is held at its
+    minimum instead of growing."""
+    alice = site.accounts.alice.name
+    digits = json.dumps(to_json(JobSpec(sia_id="alice-digits", app="cifar10")))
+    digits = digits.replace('"max_failures": 0', '"max_failures": ' + "9" * 5000)
+    escape = {**to_json(JobSpec(sia_id="alice-escape", app="cifar10")), "app": "cifar\x1b[2J"}
+    profile = JobSpec(sia_id="alice-profile", app="mine", profile="/nonexistent/alice/profile")
+    for sia_id, text in (
+        ("alice-digits", digits),
+        ("alice-escape", json.dumps(escape)),
+        ("alice-profile", json.dumps(to_json(profile))),
+    ):
+        site.job_dir_of(alice, sia_id, text)
+        site.marked_job(alice, sia_id)
+    liar_job, liar_id = site.submit(alice, "--app", "cifar10", "--max-gpus", "4")
+    log, seconds = site.logged_round()
+    assert seconds < ROUND_LIMIT_S
+    jobs_dir = site.paths.jobs_dir
+    for expected in (
+        f"job alice-digits: quarantined this round: read: {jobs_dir}/alice-digits/spec.json: "
+        "max_failures: an integer of 5000 digits (at most 19)",
+        f"job alice-escape: quarantined this round: read: {jobs_dir}/alice-escape/spec.json: "
+        "app: holds the control character",
+        "job alice-profile: quarantined this round: fit: job alice-profile: profile "
+        "/nonexistent/alice/profile: a directory of its own, but the job's profile.json",
+    ):
+        assert expected in log, expected
+    status = subprocess.run(
+        [PYTHON, "-m", "sia_slurm.cli", "status", "--json", "--offline", "--config",
+         str(site.config)],
+        env=site.env, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    quarantined = json.loads(status.stdout)["quarantined"]
+    assert {"alice-digits", "alice-escape", "alice-profile"} <= set(quarantined)
+
+    # The liar: her adaptive job starts on one GPU, then she reports it on 8.
+    site.rounds_until("her job started", lambda: site.runs_as_assigned(liar_job, liar_id))
+    assignment = site.assignment(liar_id)
+    assert assignment is not None and assignment.gpus == 1
+    run = site.job(liar_job)
+    lie = {
+        "sia_id": liar_id, "time": time.time(), "gpu_type": assignment.gpu_type, "nodes": 2,
+        "gpus": 8, "local_bsz": assignment.local_bsz, "accum_steps": assignment.accum_steps,
+        "step_time": 0.01, "sync_time": 0.0, "grad_sqr": 1.0, "grad_var": 1e6,
+        "slurm_job_id": liar_job, "slurm_restart_count": run.restart_count,
+    }  # fmt: skip
+    for _ in range(3):
+        lie["time"] = time.time()
+        site.as_user(alice, ["rm", "-f", str(site.paths.metrics(liar_id))])
+        site.write_as(alice, site.paths.metrics(liar_id), json.dumps(lie))
+        log, _ = site.logged_round()
+        said = (
+            f"metrics for {liar_id}: describes {assignment.gpu_type}:2x8, but the job runs "
+            f"on {assignment.gpu_type}:1x1; ignored"
+        )
+        assert said in log
+        now = site.assignment(liar_id)
+        assert now is not None and now.gpus == 1  # held at its minimum: the lie earns nothing
+    assert site.runs_as_assigned(*jobs["bob"])  # the honest job was never disturbed
+
+
 def test_root_is_untouched_and_the_honest_user_was_scheduled_throughout(
     site: Site, jobs: dict[str, tuple[str, str]]
 ) -> None:
