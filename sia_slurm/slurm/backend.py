@@ -56,9 +56,9 @@ from sia_slurm.slurm.enforce import Enforcement, enforce
 from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
 from sia_slurm.slurm.jobfiles import (
     DocumentCache,
+    LostSubmissions,
     MetricsInbox,
     RecordBook,
-    lost_submissions,
 )
 from sia_slurm.slurm.jsonparse import SlurmJob, parse_reservations, parse_squeue_json
 from sia_slurm.slurm.managed import (
@@ -123,6 +123,7 @@ class SlurmBackend:
         self.documents = DocumentCache()
         gpu_types = tuple(dict.fromkeys(p.gpu_type for p in config.partitions))
         self.inbox = MetricsInbox(gpu_types)
+        self.lost = LostSubmissions(self.paths.jobs_dir)
         self.records = RecordBook(self.paths.control_dir)
         self.enforcement = Enforcement()  # from the latest snapshot, for the next apply
         self._reported: set[str] = set()  # job-file problems already reported once
@@ -190,9 +191,7 @@ class SlurmBackend:
         unmanaged = [job for job in view.jobs if job.job_id not in current_ids]
         phantom = phantom_gpus(nodes, gpus_held(view.jobs))
         rejected += [phantom_message(node, *counts) for node, counts in phantom.items()]
-        rejected += lost_submissions(
-            self.paths.jobs_dir, set(view.known_ids), time.time(), self._lost_after_s
-        )
+        rejected += self.lost.scan(set(view.known_ids), time.time(), self._lost_after_s)
         return ClusterSnapshot(
             time=now,
             nodes=self._node_views(nodes, reserved, unmanaged, phantom),

@@ -18,7 +18,9 @@ import logging
 import math
 import os
 import stat
+import sys
 import time
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -342,7 +344,13 @@ class RecordBook:
 LOST_SUBMISSION = "lost submission"
 
 
-def lost_submissions(jobs_dir: Path, known: set[str], now: float, min_age_s: float) -> list[str]:
+# The most spec files one round looks at for lost submissions: a user with 100,000 job
+# directories costs a round this many lstat calls (about 0.1 s on 2 cores), not one per
+# directory; a lost submission among more is found within len(jobs/) / LOST_SCAN_BUDGET rounds.
+LOST_SCAN_BUDGET = 10_000
+
+
+class LostSubmissions:
     """Jobs submitted with ``sia-sbatch`` that neither Slurm nor the controller knows: a
     ``jobs/<id>/spec.json`` older than ``min_age_s`` whose id is not in ``known`` (the ids of
     the live Slurm jobs and of the controller's records, ``control/<id>/slurm.json``).
@@ -350,27 +358,76 @@ def lost_submissions(jobs_dir: Path, known: set[str], now: float, min_age_s: flo
     Seen in the chaos soak (docs/reliability.md): slurmctld SIGKILLed 1.5 s after it accepted a
     submission, before it saved its state; restarted, it purged the job ("Purged files for
     defunct batch JobId=24") and later gave the id to another job. ``sia-sbatch`` had exited 0.
-    The controller cannot submit for the user (``sbatch --uid`` is root's), so it says so, once
-    per job: the user resubmits. Only names and an ``lstat`` are read (the directory is the
-    user's: nothing is opened or followed)."""
-    try:
-        entries = list(os.scandir(jobs_dir))
-    except FileNotFoundError:
-        return []
-    said = []
-    for entry in entries:
-        if entry.name in known or not SIA_ID.fullmatch(entry.name):
-            continue
+    The controller cannot submit for the user (``sbatch --uid`` is root's), so it says so: the
+    user resubmits. Only names and an ``lstat`` are read (the directory is the user's: nothing
+    is opened or followed; an entry that is no real directory, a symlink to one say, is no job
+    directory sia-sbatch made, and is passed over).
+
+    ``jobs/`` is every user's, so its size is any user's choice. Each round lists it (names
+    only) and looks at the spec files of at most ``budget`` candidates, from where the last
+    round stopped; what it found is remembered per id, with the message of its first sight (so
+    re-dating a spec makes no new message), until the directory goes or Slurm knows the id
+    (benchmarks/bench_hostile_dirs.py).
+    """
+
+    def __init__(self, jobs_dir: Path, budget: int = LOST_SCAN_BUDGET) -> None:
+        self.jobs_dir = jobs_dir
+        self.budget = budget
+        self._cursor = ""  # the name the next look starts after
+        self._found: dict[str, str] = {}  # id -> its message
+
+    def scan(self, known: set[str], now: float, min_age_s: float) -> list[str]:
+        """The lost submissions found so far that are still lost, sorted."""
         try:
-            written = os.stat(Path(entry.path) / SPEC_FILE, follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        if now - written >= min_age_s:
-            said.append(
-                f"{LOST_SUBMISSION}: job {entry.name}: spec.json written "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(written))}, but no Slurm "
-                "job carries its id and the controller never saw one (Slurm did not keep the "
-                "submission: slurmctld crashed before it saved it, or sia-sbatch was killed "
-                "before it submitted): submit it again"
-            )
-    return sorted(said)
+            fd = os.open(self.jobs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._found.clear()
+            return []
+        try:
+            with os.scandir(fd) as entries:  # d_type: is_dir costs no system call
+                names = sorted(
+                    e.name
+                    for e in entries
+                    if e.name not in known
+                    and SIA_ID.fullmatch(e.name)
+                    and e.is_dir(follow_symlinks=False)
+                )
+            present = set(names)
+            self._found = {n: m for n, m in self._found.items() if n in present}
+            for name in self._next(names):
+                if name in self._found:
+                    continue
+                try:
+                    info = os.stat(f"{name}/{SPEC_FILE}", dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if now - info.st_mtime >= min_age_s:
+                    self._found[name] = _lost_message(name, info.st_mtime)
+        finally:
+            os.close(fd)
+        return sorted(self._found.values())
+
+    def _next(self, names: list[str]) -> list[str]:
+        """Up to ``budget`` of ``names`` (sorted) after the cursor, wrapping round."""
+        if len(names) <= self.budget:
+            self._cursor = ""
+            return names
+        start = bisect_right(names, self._cursor)
+        chosen = (names[start:] + names[:start])[: self.budget]
+        self._cursor = chosen[-1]
+        return chosen
+
+
+def lost_submissions(jobs_dir: Path, known: set[str], now: float, min_age_s: float) -> list[str]:
+    """Every lost submission under ``jobs_dir`` at once (:class:`LostSubmissions`, unbounded)."""
+    return LostSubmissions(jobs_dir, budget=sys.maxsize).scan(known, now, min_age_s)
+
+
+def _lost_message(name: str, written: float) -> str:
+    return (
+        f"{LOST_SUBMISSION}: job {name}: spec.json written "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(written))}, but no Slurm job "
+        "carries its id and the controller never saw one (Slurm did not keep the submission: "
+        "slurmctld crashed before it saved it, or sia-sbatch was killed before it "
+        "submitted): submit it again"
+    )
