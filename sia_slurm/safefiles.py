@@ -187,7 +187,9 @@ MAX_ITEMS = 1024  # keys of one object, items of one list
 # Control characters (C0 but tab and newline, DEL, C1): escape sequences for a terminal,
 # carriage returns that overwrite a log line. Tab and newline may appear in a command's
 # arguments and an exit message; every reader prints strings escaped (``sia_slurm.text``).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# And lone surrogates (a JSON "\ud800"): no UTF-8 holds one, so a message quoting it could not
+# be stored (sqlite raises), which failed every round's commit (found by hypothesis).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def parse_json(data: bytes, where: str) -> dict[str, Any]:
@@ -264,7 +266,10 @@ def _string_problem(text: str) -> str:
         return f"of {len(text)} characters (at most {MAX_STRING_CHARS})"
     bad = _CONTROL.search(text)
     if bad:
-        return f"holds the control character {bad.group()!r} at {bad.start()}"
+        what = (
+            "a lone surrogate" if "\ud800" <= bad.group() <= "\udfff" else "the control character"
+        )
+        return f"holds {what} {bad.group()!r} at {bad.start()}"
     return ""
 
 

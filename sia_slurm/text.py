@@ -26,6 +26,8 @@ _CONTROL = [*range(0x00, 0x20), *range(0x7F, 0xA0)]
 # Bidi embeddings, overrides and isolates reorder the text around them; U+2028 and U+2029 end a
 # line for str.splitlines() and for JavaScript, so a "one line" holding them would be two.
 _REORDERING_OR_BREAKING = [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
+# A lone surrogate cannot be written as UTF-8 at all: printed raw it raises, not shows.
+_SURROGATES = [*range(0xD800, 0xE000)]
 
 
 def _escape(code: int) -> str:
@@ -35,7 +37,9 @@ def _escape(code: int) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-_ONE_LINE: Mapping[int, str] = {c: _escape(c) for c in _CONTROL + _REORDERING_OR_BREAKING}
+_ONE_LINE: Mapping[int, str] = {
+    c: _escape(c) for c in _CONTROL + _REORDERING_OR_BREAKING + _SURROGATES
+}
 _MULTI_LINE: Mapping[int, str] = {c: e for c, e in _ONE_LINE.items() if chr(c) not in ("\n", "\t")}
 
 
