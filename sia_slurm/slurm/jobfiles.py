@@ -21,7 +21,7 @@ import stat
 import sys
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -76,35 +76,35 @@ class DocumentCache:
 
     def read_spec(self, directory: JobDirectory) -> JobSpec | None:
         """The job's ``spec.json``, read through the user-file door."""
-        path = directory.path / SPEC_FILE
-        info = directory.stat(SPEC_FILE)
-        if info is None:
-            self._entries.pop(path, None)
-            return None
-        cached = self._entries.get(path)
-        if cached is not None and cached[0] == _version(info):
-            return cached[1]  # type: ignore[return-value]
-        spec = directory.read_document(JobSpec, SPEC_FILE)
-        if spec is not None:
-            self._entries[path] = (_version(info), spec)
-        return spec
+        return self._read_user_file(  # type: ignore[return-value]
+            directory, SPEC_FILE, lambda: directory.read_document(JobSpec, SPEC_FILE)
+        )
 
     def read_profile(self, directory: JobDirectory) -> dict[str, Any] | None:
         """The job's own profile document (``profile.json``, the bounded JSON object only:
         the estimator factory checks its values), read through the user-file door; ``None``
         if the job brought none."""
-        path = directory.path / PROFILE_FILE
-        info = directory.stat(PROFILE_FILE)
+        return self._read_user_file(  # type: ignore[return-value]
+            directory, PROFILE_FILE, lambda: directory.read_json(PROFILE_FILE)
+        )
+
+    def _read_user_file(
+        self, directory: JobDirectory, name: str, read: Callable[[], object | None]
+    ) -> object | None:
+        """``read()`` of the user's file ``name``, or its cached value while the file's
+        (mtime, size, inode) is unchanged; ``None`` if there is none."""
+        path = directory.path / name
+        info = directory.stat(name)
         if info is None:
             self._entries.pop(path, None)
             return None
         cached = self._entries.get(path)
         if cached is not None and cached[0] == _version(info):
-            return cached[1]  # type: ignore[return-value]
-        document = directory.read_json(PROFILE_FILE)
-        if document is not None:
-            self._entries[path] = (_version(info), document)
-        return document
+            return cached[1]
+        value = read()
+        if value is not None:
+            self._entries[path] = (_version(info), value)
+        return value
 
     def forget(self, path: Path) -> None:
         self._entries.pop(path, None)
