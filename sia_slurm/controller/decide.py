@@ -141,7 +141,9 @@ class Controller:
         self.jobs: dict[str, JobRecord] = {}
         self.previous: Allocation | None = None
         self.round_index = 0
-        self._quarantine_said: dict[str, str] = {}  # sia id -> the reason last logged
+        # sia id -> the quarantine reason last logged (restored with the memory, so that a
+        # controller run once per round by cron logs each reason once too)
+        self.quarantine_said: dict[str, str] = {}
 
     # --------------------------------------------------------------------------------------
     # The round
@@ -285,11 +287,11 @@ class Controller:
     def _say_quarantine(self, quarantine: Quarantine) -> None:
         """Log each job's quarantine when it begins or its reason changes, and its end."""
         for sia_id, reason in quarantine.reasons.items():
-            if self._quarantine_said.get(sia_id) != reason:
+            if self.quarantine_said.get(sia_id) != reason:
                 logger.warning("job %s: quarantined this round: %s", sia_id, reason)
-        for sia_id in set(self._quarantine_said) - set(quarantine.reasons):
+        for sia_id in set(self.quarantine_said) - set(quarantine.reasons):
             logger.info("job %s: out of quarantine", sia_id)
-        self._quarantine_said = dict(quarantine.reasons)
+        self.quarantine_said = dict(quarantine.reasons)
 
     # --------------------------------------------------------------------------------------
     # Observe: admit new jobs, forget finished ones, learn from reports
@@ -312,7 +314,8 @@ class Controller:
             record = self.jobs.get(job.sia_id)
             if record is None:
                 try:
-                    record = JobRecord(job.spec, self._build_estimator(job))
+                    estimator = self._build_estimator(job)
+                    record = JobRecord(job.spec, estimator, job.profile_document)
                 except ValueError as exc:  # an unknown app, a bad profile: said, not a bug
                     rejected.append(f"job {job.sia_id}: not scheduled: {exc}")
                     quarantine.add(job, "fit", str(exc))

@@ -10,6 +10,10 @@ What a :class:`~sia_slurm.controller.Controller` remembers, and how it is kept:
   round exactly as the live controller's policy evaluation does, so the rebuilt model equals
   the live one (until a shape has more reports than are kept: then the mean is over the
   latest ones);
+* per job that brought its own profile: the checked ``profile.json`` its model was built from,
+  in ``meta`` under ``profile_document:<sia id>`` (the job's directory is never read here);
+* the quarantine reasons of the last round (from its decisions), so that each is logged once
+  however many processes the rounds take;
 * the previous :class:`~sia_slurm.policy.base.Allocation`, including the policy's own ``state``
   (an arbitrary object): pickled into a BLOB with a format number, the sia-slurm version and the
   policy name. If any of them differs, or the BLOB cannot be loaded, the controller starts
@@ -41,6 +45,7 @@ from typing import Any
 
 from sia_slurm import __version__
 from sia_slurm.controller import Controller, JobRecord
+from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
 from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.base import Allocation, Policy
@@ -53,6 +58,7 @@ logger = logging.getLogger(__name__)
 MEMORY_FORMAT = 2  # 2: GavelState credits time per type (type_time); Allocation.hints_move_jobs
 DEFAULT_REPORTS_PER_SHAPE = 16
 USAGE_KEY = "usage"  # meta key of the usage ledger
+PROFILE_KEY = "profile_document:"  # + sia id: a remembered job's own profile document
 
 _SAFE_BUILTINS = frozenset(
     {"dict", "list", "tuple", "set", "frozenset", "int", "float", "complex", "str", "bytes"}
@@ -125,6 +131,17 @@ def save_memory(
     conn.execute(
         "DELETE FROM reports WHERE sia_id NOT IN (SELECT sia_id FROM jobs WHERE remembered = 1)"
     )
+    for sia_id, record in remembered.items():
+        if record.profile_document is not None:  # written once: a job's document never changes
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
+                (PROFILE_KEY + sia_id, json.dumps(record.profile_document)),
+            )
+    conn.execute(
+        "DELETE FROM meta WHERE key LIKE ? AND substr(key, ?) NOT IN "
+        "(SELECT sia_id FROM jobs WHERE remembered = 1)",
+        (PROFILE_KEY + "%", len(PROFILE_KEY) + 1),
+    )
     store.set_meta(USAGE_KEY, controller.usage.to_json())
     conn.execute(
         "INSERT OR REPLACE INTO controller VALUES (1, ?, ?, ?, ?, ?, ?)",
@@ -181,7 +198,12 @@ def load_memory(
         where = f"{store.path}: jobs.{job.sia_id}.spec"
         try:
             spec = from_json(JobSpec, job.spec, where)
-            record = JobRecord(spec, estimator_for(spec))
+            document = store.meta(PROFILE_KEY + job.sia_id)
+            if document is None:
+                record = JobRecord(spec, estimator_for(spec))
+            else:
+                estimator = estimator_for(spec, document)  # type: ignore[call-arg]
+                record = JobRecord(spec, estimator, document)
             _replay(record, job.admitted_round, reports.get(job.sia_id, []))
         except (ProtocolError, ValueError) as exc:
             notes.append(RestoreNote(f"job {job.sia_id}", str(exc)))
@@ -191,6 +213,10 @@ def load_memory(
         if job.last_report_time is not None:
             record.last_report_time = job.last_report_time
         controller.jobs[job.sia_id] = record
+    last = store.last_round()
+    if last is not None:
+        decided = store.decisions(last.round_index).items()
+        controller.quarantine_said = {s: d.note for s, d in decided if d.action == QUARANTINED}
     for note in notes:
         logger.warning("restoring the controller: %s: %s; left out", note.what, note.reason)
     return controller, notes

@@ -158,3 +158,42 @@ def test_a_malformed_usage_ledger_starts_afresh(factory: EstimatorFactory, store
         "meta.usage.time: expected a number"
         in load_memory(store, make_policy("gavel"), "gavel", factory)[1][0].reason
     )
+
+
+def test_a_jobs_own_profile_and_the_last_quarantine_survive_a_restart(
+    factory: EstimatorFactory, store: Store
+) -> None:
+    """A job that brought its own profile (profile.json) is rebuilt from the same document by
+    a new process (the directory it came from is never read), its reports replayed; and the
+    quarantine reasons of the last round are known, so cron's once-per-round controller logs
+    each reason once."""
+    from dataclasses import replace
+
+    from sia_slurm.controller.quarantine import QUARANTINED
+    from sia_slurm.model import load_profiles
+    from sia_slurm.model.profile_json import profile_to_json
+
+    document = profile_to_json(replace(load_profiles().app("ncf"), name="mine"))
+    own = JobSnapshot(
+        JobSpec("own", "mine", profile="/home/u/never-read"), JobPhase.PENDING,
+        profile_document=document,
+    )  # fmt: skip
+    bad = JobSnapshot(JobSpec("bad", "nosuchapp"), JobPhase.PENDING)
+    controller = Controller(make_policy("gavel"), factory)
+    snapshot = ClusterSnapshot(0.0, NODES, (own, bad))
+    outcome = controller.round(snapshot)
+    with store.transaction():
+        store.record_jobs(snapshot)
+        store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+        save_memory(store, controller, "gavel", [report("own", 0.2)], 0, 0.0)
+    restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
+    assert notes == []
+    record = restored.jobs["own"]
+    assert record.profile_document == document
+    assert record.estimator.limits == controller.jobs["own"].estimator.limits
+    assert restored.quarantine_said == {"bad": outcome.quarantined["bad"]}
+    assert {d.sia_id: d.action for d in outcome.decisions}["bad"] == QUARANTINED
+    controller.jobs.clear()  # both gone: the document leaves the database with the job
+    with store.transaction():
+        save_memory(store, controller, "gavel", [], 1, 1.0)
+    assert store.meta("profile_document:own") is None
