@@ -26,6 +26,7 @@ from sia_slurm.cli.controller_cmd import (
 )
 from sia_slurm.cli.status_cmd import live_snapshot
 from sia_slurm.cluster import JobPhase
+from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import ClusterView, JobView, NodeShare, restart_factor
 from sia_slurm.policy.sia import (
@@ -87,6 +88,11 @@ def explain(
         fail(str(exc))
     with store:
         row = store.job(job_id)
+        decided = store.last_decision(job_id)
+        if row is None and decided is not None and decided[1].action == QUARANTINED:
+            # never read, so never recorded: its files are what the controller cannot read
+            echo_printable(f"job {job_id}: quarantined in round {decided[0]}: {decided[1].note}")
+            return
         if row is None:
             known = ", ".join(r.sia_id for r in store.jobs()[:20]) or "none"
             fail(f"{job_id}: no managed job with this id in {config.db_path} (known: {known})")
@@ -95,7 +101,6 @@ def explain(
             controller, _notes = open_controller(config, store, profiles_dir)
         except ServiceError as exc:
             fail(str(exc))
-        decided = store.last_decision(job_id)
         last = store.last_round()
         nodes = store.last_nodes()
     snapshot, _why = (None, "") if offline else live_snapshot(ctx, config)

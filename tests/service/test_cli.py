@@ -250,3 +250,29 @@ def test_status_and_explain_show_a_quarantined_job_and_why(
     explained = invoke(None, "explain", "train-c", "--config", str(config), "--offline").output
     assert "quarantined" in explained and said in explained
     assert all(cluster.jobs[j].launches == 1 for j in ("train-a", "train-b"))
+
+
+def test_explain_names_why_a_job_the_backend_never_read_is_quarantined(
+    setup: tuple[Path, FakeCluster],
+) -> None:
+    """A job whose spec.json the controller cannot read has no row of its own; explain still
+    answers for its id, with the stage and the reason."""
+    config, cluster = setup
+
+    class Unreadable:
+        def snapshot(self) -> object:
+            snap = cluster.snapshot()
+            return dataclasses.replace(snap, quarantined={"ghost": "spec.json: app: bad"})
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(cluster, name)
+
+    obj = {"backend_factory": lambda _config: Unreadable()}
+    result = CliRunner().invoke(
+        cli, ["controller", "run", "--once", "--config", str(config)], obj=obj,
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    explained = invoke(None, "explain", "ghost", "--config", str(config), "--offline")
+    assert explained.exit_code == 0, explained.output
+    assert explained.output == "job ghost: quarantined in round 0: read: spec.json: app: bad\n"
