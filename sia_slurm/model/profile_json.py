@@ -171,3 +171,40 @@ def _placement(observation: Observation) -> str:
     """The CSV's placement string: GPUs per node, one digit per node (``"44"``)."""
     per_node = observation.gpus // observation.nodes
     return str(per_node) * observation.nodes
+
+
+# A measured step may come out this much faster than a smaller batch's on the same type before
+# the profile counts as one whose step times do not grow with the batch: small batches are
+# dominated by overheads and noisy (the artifact's 1-GPU traces shipped in profiles/ have yolov3
+# 28% faster at batch 8 than at a smaller one, ncf 20%).
+MONOTONE_SLACK = 0.35
+
+
+def measured_problems(profile: AppProfile, required_types: Collection[str]) -> list[str]:
+    """Why a profile a job measured itself (Sia's profiling run, reported through the door)
+    is not to be trusted, beyond the value checks of :func:`profile_from_json`: a GPU type it
+    should have been measured on is missing, or its 1-GPU step times do not grow with the
+    per-GPU batch (a larger batch more than :data:`MONOTONE_SLACK` faster than a smaller one:
+    a broken timer, or a job trying to look cheap at large batches). Empty if none."""
+    problems = []
+    for gpu_type in sorted(required_types):
+        if gpu_type not in profile.seed or gpu_type not in profile.max_local_bsz:
+            problems.append(f"{gpu_type}: not measured")
+            continue
+        single = sorted(
+            (obs.local_bsz, obs.step_time) for obs in profile.seed[gpu_type] if obs.gpus == 1
+        )
+        if not single:
+            problems.append(f"{gpu_type}: no step measured on 1 GPU")
+            continue
+        slowest = 0.0
+        for local_bsz, step_time in single:
+            if step_time < slowest * (1 - MONOTONE_SLACK):
+                problems.append(
+                    f"{gpu_type}: step time {step_time:.4g} s at a per-GPU batch of {local_bsz}, "
+                    f"below the {slowest:.4g} s of a smaller batch: step times must grow with "
+                    "the batch"
+                )
+                break
+            slowest = max(slowest, step_time)
+    return problems

@@ -66,3 +66,26 @@ def test_a_hostile_profile_is_refused_naming_the_field(changes: dict[str, Any], 
         profile_from_json(_doc(**changes), "jobs/x/profile.json", TYPES)
     assert str(excinfo.value).startswith("jobs/x/profile.json: ")
     assert said in str(excinfo.value)
+
+
+def test_a_measured_profile_needs_every_type_and_step_times_that_grow() -> None:
+    from dataclasses import replace
+
+    from sia_slurm.model import Observation
+    from sia_slurm.model.profile_json import measured_problems
+
+    for app in PROFILES.apps:  # the shipped profiles are measured ones, and sound
+        assert measured_problems(PROFILES.app(app), PROFILES.app(app).gpu_types) == [], app
+    profile = PROFILES.app("cifar10")
+    missing = measured_problems(profile, (*profile.gpu_types, "h100"))
+    assert missing == ["h100: not measured"]
+    t4 = profile.gpu_types[0]
+    points = sorted(profile.seed[t4], key=lambda o: o.local_bsz)
+    faster = Observation(1, 1, points[-1].local_bsz * 2, points[0].step_time / 2, 0.0)
+    broken = replace(
+        profile,
+        seed={**profile.seed, t4: (*points, faster)},
+        max_local_bsz={**profile.max_local_bsz, t4: faster.local_bsz},
+    )
+    (said,) = measured_problems(broken, profile.gpu_types)
+    assert said.startswith(f"{t4}: step time ") and "must grow with the batch" in said
