@@ -88,4 +88,12 @@ def test_a_measured_profile_needs_every_type_and_step_times_that_grow() -> None:
         max_local_bsz={**profile.max_local_bsz, t4: faster.local_bsz},
     )
     (said,) = measured_problems(broken, profile.gpu_types)
-    assert said.startswith(f"{t4}: step time ") and "must grow with the batch" in said
+    assert said.startswith(f"{t4}: ") and said.endswith("step times must grow with the batch")
+
+
+def test_a_measured_step_under_half_a_smaller_batchs_is_refused() -> None:
+    from sia_slurm.model.profile_json import _shrinking
+
+    points = [(8, 0.10), (16, 0.20), (32, 0.05), (64, 0.40)]
+    assert "0.05 s at a per-GPU batch of 32, under half the 0.2 s" in _shrinking(points)
+    assert _shrinking([(8, 0.10), (16, 0.20), (32, 0.12), (64, 0.40)]) == ""  # noise: kept
