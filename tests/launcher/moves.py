@@ -142,12 +142,14 @@ PLAN = [(2, "a100", 1, 2, 32), (3, "rtx", 2, 4, 48)]
 SHAPES = {0: ("t4", 1, 16, 0), 1: ("a100", 2, 16, 0), 2: ("rtx", 4, 6, 1)}
 
 
-def move_through_the_plan(job: MovingJob, steps: int) -> list[list[int]]:
-    """Start ``job`` on 1 t4 GPU, move it through :data:`PLAN` after ``steps`` steps each,
-    stop and cancel it; every run's launcher judged it from rank 0's record: stopped. The
-    sorted steps each run trained."""
+def move_through_the_plan(
+    job: MovingJob, steps: int, first_steps: int | None = None
+) -> list[list[int]]:
+    """Start ``job`` on 1 t4 GPU, move it through :data:`PLAN` after ``steps`` steps each
+    (``first_steps`` on the first run, if given), stop and cancel it; every run's launcher
+    judged it from rank 0's record: stopped. The sorted steps each run trained."""
     job.start("t4", 1, 16)
-    job.wait_for_steps(0, steps, "t4", 180)
+    job.wait_for_steps(0, first_steps or steps, "t4", 180)
     for run, (round_index, gpu_type, nodes, gpus, batch) in enumerate(PLAN, start=1):
         job.stop(round_index, run - 1)
         job.move(round_index, run, gpu_type, nodes, gpus, batch)
