@@ -66,10 +66,10 @@ def test_ddp_script_moves_1_2_4_gpus_across_types(
     )  # fmt: skip
 
     # ---- run 0: 1 t4 GPU; run 1: 2 a100 GPUs; run 2: 4 rtx GPUs on 2 nodes ----------------
-    # 30 steps before the first move: the loss must be clearly below the initial one there for
-    # "no jump back" to tell a restored model from a fresh one (with 12, and a stop soon
-    # after, run 0 had trained only 0.05 below it: 24.11 in loaded run 42)
-    runs = move_through_the_plan(job, 12, first_steps=30)
+    # 60 steps before the first move, so that the first run's loss is clearly below the
+    # initial one and "no jump back" can tell a restored model from a fresh one (the loss
+    # falls slowly and noisily here: 1.406 -> 1.343 over 41 steps, 1.14 over 104)
+    runs = move_through_the_plan(job, 12, first_steps=60)
 
     # ---- what each run trained on --------------------------------------------------------
     rows = read_rows(job.samples)
@@ -104,7 +104,9 @@ def test_ddp_script_moves_1_2_4_gpus_across_types(
     for before, after in itertools.pairwise(runs):  # no jump back at a move
         tail = sum(step_loss[s] for s in before[-10:]) / 10
         head = sum(step_loss[s] for s in after[:10]) / 10
-        assert head < 1.2 * tail and head < initial - 0.1, (tail, head, initial)
+        # closer to where the last run ended than to where a fresh model starts (a fixed
+        # margin below the initial loss failed on noise: 1.3088 against 1.3058 in loaded run 43)
+        assert head < 1.2 * tail and head < (initial + tail) / 2, (tail, head, initial)
     first_scale = {run: min((r["step"], r["scale"]) for r in rows if r["restarts"] == run)[1]
                    for run in range(3)}  # fmt: skip
     assert states[0]["scaler"]["scale"] == first_scale[2]  # saved by run 1, used by run 2
