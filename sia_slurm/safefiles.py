@@ -204,9 +204,7 @@ def parse_json(data: bytes, where: str) -> dict[str, Any]:
         payload = json.loads(data, parse_int=_bounded_int, parse_constant=float)
     except RecursionError:
         raise ProtocolError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"{where}: not valid JSON: {exc}") from None
-    except ValueError as exc:  # anything else the decoder refuses
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and whatever else it refuses
         raise ProtocolError(f"{where}: not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise ProtocolError(f"{where}: expected a JSON object, got {type(payload).__name__}")

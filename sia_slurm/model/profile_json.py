@@ -20,11 +20,9 @@ from typing import Any
 
 from sia_slurm.model.observation import Observation
 from sia_slurm.model.profile import AppProfile, parse_placement
-from sia_slurm.protocol import PROFILE_FILE, ProtocolError
+from sia_slurm.protocol import MAX_BATCH, MAX_STEP_SECONDS, PROFILE_FILE, ProtocolError
 
 PROFILE_FORMAT = 1
-MAX_BATCH = 2**24  # the protocol's bound on a batch (sia_slurm.protocol.MAX_BATCH)
-MAX_STEP_SECONDS = 86_400.0
 __all__ = ["PROFILE_FILE", "PROFILE_FORMAT", "profile_from_json", "profile_to_json"]
 _KEYS = {
     "format", "app", "init_batch_size", "max_batch_size", "min_local_bsz", "max_local_bsz",

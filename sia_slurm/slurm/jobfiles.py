@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import stat
-import sys
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -416,11 +415,6 @@ class LostSubmissions:
         chosen = (names[start:] + names[:start])[: self.budget]
         self._cursor = chosen[-1]
         return chosen
-
-
-def lost_submissions(jobs_dir: Path, known: set[str], now: float, min_age_s: float) -> list[str]:
-    """Every lost submission under ``jobs_dir`` at once (:class:`LostSubmissions`, unbounded)."""
-    return LostSubmissions(jobs_dir, budget=sys.maxsize).scan(known, now, min_age_s)
 
 
 def _lost_message(name: str, written: float) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sia_slurm.slurm.jobfiles import LostSubmissions, lost_submissions
+from sia_slurm.slurm.jobfiles import LostSubmissions
 
 
 def _lost(jobs: Path, names: list[str], written: float) -> None:
@@ -25,7 +25,8 @@ def test_a_bounded_scan_finds_every_lost_job_within_its_rounds(tmp_path: Path) -
     scan = LostSubmissions(jobs, budget=3)
     found = [len(scan.scan({"known"}, 5000.0, 60.0)) for _ in range(4)]
     assert found == [3, 6, 7, 7]
-    assert scan.scan({"known"}, 5000.0, 60.0) == lost_submissions(jobs, {"known"}, 5000.0, 60.0)
+    whole = LostSubmissions(jobs, budget=len(names)).scan({"known"}, 5000.0, 60.0)
+    assert scan.scan({"known"}, 5000.0, 60.0) == whole
 
 
 def test_re_dating_a_spec_makes_no_new_message_and_a_known_id_drops_out(tmp_path: Path) -> None:
