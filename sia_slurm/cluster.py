@@ -82,6 +82,9 @@ class JobSnapshot:
     # The job's own profile (``jobs/<id>/profile.json``, read through the user-file door and
     # within the JSON bounds; checked by the estimator factory): None for a shipped app's.
     profile_document: Mapping[str, Any] | None = None
+    # What the job measured while profiling (``jobs/<id>/profiled.json``, read through the
+    # door; checked by the controller before it is trusted): docs/profiling.md.
+    profiled_document: Mapping[str, Any] | None = None
 
     @property
     def sia_id(self) -> str:
@@ -123,6 +126,8 @@ class Start:
     config: Configuration
     placement: tuple[NodeShare, ...]
     batch: BatchChoice
+    # per-GPU batches a profiling run measures (docs/profiling.md); empty for any other run
+    profile_sweep: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,8 @@ class Move:
     config: Configuration
     placement: tuple[NodeShare, ...]
     batch: BatchChoice
+    # per-GPU batches a profiling run measures (docs/profiling.md); empty for any other run
+    profile_sweep: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

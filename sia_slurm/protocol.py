@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -116,10 +116,17 @@ class StatePaths:
     def profile(self, sia_id: str) -> Path:
         return self.job_dir(sia_id) / PROFILE_FILE
 
+    def profiled(self, sia_id: str) -> Path:
+        return self.job_dir(sia_id) / PROFILED_FILE
+
 
 SPEC_FILE = "spec.json"
 METRICS_FILE = "metrics.json"
 PROFILE_FILE = "profile.json"  # a job's own profile (sia_slurm/model/profile_json.py)
+# What a profiling run measured (the same document format, one entry per GPU type measured so
+# far), written by the job's rank 0: docs/profiling.md
+PROFILED_FILE = "profiled.json"
+MAX_SWEEP = 32  # per-GPU batches one profiling run measures
 MAX_FAILURES = 100  # the largest retry budget a job may ask for (``--max-failures``)
 
 
@@ -230,6 +237,10 @@ class Assignment:
     book-keeping (the launcher ignores it): the earliest second, on slurmctld's clock, that a
     requeued run may be launched (``commands.relaunch_floor``; 0 when there is none), kept
     here so that a controller restarted mid-start brings the run forward to the same second.
+    ``profile_sweep`` makes the run a profiling run (Sia's profiling of a new model,
+    docs/profiling.md): before training at the assignment's batch, the job measures its steps
+    on this GPU type at each of these per-GPU batches, in order, up to the largest that fits,
+    and writes what it measured to :data:`PROFILED_FILE`. Empty for every other run.
     """
 
     sia_id: str
@@ -246,11 +257,20 @@ class Assignment:
     slurm_job_id: str = ""
     slurm_restart_count: int = 0
     not_before: float = 0.0
+    profile_sweep: tuple[int, ...] = ()
     version: int = PROTOCOL_VERSION
 
     def __post_init__(self) -> None:
         check_sia_id(self.sia_id)
         object.__setattr__(self, "node_list", tuple(self.node_list))
+        object.__setattr__(self, "profile_sweep", tuple(self.profile_sweep))
+        if self.profile_sweep and (
+            self.gpus != 1 or list(self.profile_sweep) != sorted(set(self.profile_sweep))
+        ):
+            raise ProtocolError(
+                "profile_sweep: expected increasing per-GPU batches, on one GPU, got "
+                f"{list(self.profile_sweep)} on {self.gpus} GPUs"
+            )
         if self.restarts < 0 or self.slurm_restart_count < 0:
             raise ProtocolError("restarts, slurm_restart_count: expected integers >= 0")
         if not (math.isfinite(self.not_before) and self.not_before >= 0):
@@ -460,9 +480,18 @@ _D = TypeVar("_D", JobSpec, Assignment, MetricsReport, StopRequest, RunExit, Run
 Document = JobSpec | Assignment | MetricsReport | StopRequest | RunExit | RunRefusal
 
 
+_ADDED_FIELDS: dict[type, tuple[str, ...]] = {Assignment: ("profile_sweep",)}
+
+
 def to_json(document: Document) -> dict[str, Any]:
-    """The JSON object of a protocol document (tuples become lists, enums their values)."""
+    """The JSON object of a protocol document (tuples become lists, enums their values).
+
+    A field added after version 1 is left out while it holds its default (an assignment's
+    empty ``profile_sweep``), so that a job side that predates it reads the document."""
     payload = asdict(document)
+    for key in _ADDED_FIELDS.get(type(document), ()):
+        if not payload[key]:
+            del payload[key]
     for key, value in payload.items():
         if isinstance(value, tuple):
             payload[key] = list(value)
@@ -491,6 +520,7 @@ def _field_checkers() -> dict[str, Callable[[Any], bool]]:
         "str | None": lambda v: v is None or isinstance(v, str),
         "JobKind": lambda v: isinstance(v, str) and v in {k.value for k in JobKind},
         "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "tuple[int, ...]": lambda v: isinstance(v, list) and all(is_int(x) for x in v),
     }
 
 
@@ -526,6 +556,11 @@ class Bound:
         if self.items is not None and len(items) > self.items:
             return f"expected at most {self.items} items, got {len(items)}"
         for item in items:
+            if isinstance(item, int) and not isinstance(item, bool) and item is not value:
+                problem = replace(self, items=None).problem(item)
+                if problem:
+                    return problem
+                continue
             if (
                 self.pattern is not None
                 and isinstance(item, str)
@@ -537,9 +572,12 @@ class Bound:
     def describe(self) -> str:
         if self.pattern is not None:
             return self.says + (f", at most {self.items}" if self.items is not None else "")
+        span = f"{_number(self.low)} .. {_number(self.high)}"
+        if self.items is not None and self.low is not None:
+            return f"at most {self.items} items, each {span}"
         if self.items is not None:
             return f"at most {self.items} items"
-        return f"{_number(self.low)} .. {_number(self.high)}"
+        return span
 
 
 def _number(value: float | None) -> str:
@@ -595,6 +633,7 @@ FIELD_BOUNDS: dict[type, dict[str, Bound]] = {
         "slurm_job_id": _JOB_ID,
         "slurm_restart_count": _RESTARTS,
         "not_before": _TIME,
+        "profile_sweep": Bound(1, MAX_BATCH, items=MAX_SWEEP),
     },
     MetricsReport: {
         "time": _TIME,
