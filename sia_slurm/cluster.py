@@ -85,6 +85,7 @@ class JobSnapshot:
     # What the job measured while profiling (``jobs/<id>/profiled.json``, read through the
     # door; checked by the controller before it is trusted): docs/profiling.md.
     profiled_document: Mapping[str, Any] | None = None
+    profiled_problem: str = ""  # why ``profiled.json`` could not be read (the door's refusal)
 
     @property
     def sia_id(self) -> str:

@@ -27,6 +27,7 @@ from sia_slurm.cluster import (
     Stop,
 )
 from sia_slurm.controller.jobs import JobRecord
+from sia_slurm.controller.profiling import Profiler
 from sia_slurm.controller.quarantine import MAX_CULPRITS, QUARANTINED, Quarantine
 from sia_slurm.core import JobKind
 from sia_slurm.model import JobGoodputEstimator
@@ -130,9 +131,15 @@ class Controller:
     """Runs rounds against snapshots; keeps each job's goodput model and the policy's memory."""
 
     def __init__(
-        self, policy: Policy, estimator_for: EstimatorBuilder, shares: SharesConfig = EQUAL_USERS
+        self,
+        policy: Policy,
+        estimator_for: EstimatorBuilder,
+        shares: SharesConfig = EQUAL_USERS,
+        profiler: Profiler | None = None,
     ) -> None:
         self.policy = policy
+        # Profiles new models (docs/profiling.md); None: a job without a profile is refused.
+        self.profiler = profiler
         self.shares = shares
         self.usage = UsageLedger(
             half_life_s=shares.usage_half_life_s, limit=shares.usage_factor_limit
@@ -162,6 +169,7 @@ class Controller:
         quarantine = Quarantine.from_snapshot(snapshot)
         taken: list[MetricsReport] = []
         live, rejected = self._observe(snapshot, quarantine, taken)
+        live, waiting = self._profile(snapshot, live, quarantine)
         t1 = time.perf_counter()
         try:
             decided = self._decide_isolating(snapshot, live, quarantine)
@@ -169,6 +177,7 @@ class Controller:
             raise exc.cause from None
         live = decided.live
         actions, decisions = self._diff(live, decided.allocation, decided.placement)
+        decisions += [_decision(job, "wait", "-", None, note) for job, note in waiting]
         decisions += [
             Decision(sia_id, phase, QUARANTINED, held, "-", note=reason)
             for sia_id, phase, held, reason in quarantine.decisions()
@@ -314,8 +323,7 @@ class Controller:
             record = self.jobs.get(job.sia_id)
             if record is None:
                 try:
-                    estimator = self._build_estimator(job)
-                    record = JobRecord(job.spec, estimator, job.profile_document)
+                    record = self._admit(job, snapshot.time)
                 except ValueError as exc:  # an unknown app, a bad profile: said, not a bug
                     rejected.append(f"job {job.sia_id}: not scheduled: {exc}")
                     quarantine.add(job, "fit", str(exc))
@@ -334,12 +342,38 @@ class Controller:
         for report in snapshot.reports:
             if report.sia_id in finished:
                 continue  # a finished job's last report: nothing left to decide with it
+            record = self.jobs.get(report.sia_id)
+            if record is not None and record.profiling is not None:
+                continue  # its profile is measured by its sweep (docs/profiling.md), not here
             why = self._ingest(report, current.get(report.sia_id), snapshot.time)
             if why:
                 rejected.append(why)
             else:
                 taken.append(report)
         return [j for j in live if not quarantine.holds(j)], rejected
+
+    def _admit(self, job: JobSnapshot, now: float) -> JobRecord:
+        """A new job's record: a profiling one when it has no profile (and profiling is on),
+        else its goodput model from its profile."""
+        if self.profiler is not None and self.profiler.needs(job):
+            return self.profiler.admit(job, now)
+        return JobRecord(job.spec, self._build_estimator(job), job.profile_document)
+
+    def _profile(
+        self, snapshot: ClusterSnapshot, live: list[JobSnapshot], quarantine: Quarantine
+    ) -> tuple[list[JobSnapshot], list[tuple[JobSnapshot, str]]]:
+        """Take in what profiling jobs measured (:mod:`sia_slurm.controller.profiling`): the
+        live jobs left to decide, and those waiting for another job's profiling (with why).
+        A job whose measurements were refused too often is quarantined (stage ``profile``)."""
+        if self.profiler is None:
+            return live, []
+        site_types = {node.gpu_type for node in snapshot.nodes}
+        waits, held = self.profiler.round(live, self.jobs, site_types, snapshot.time)
+        for job in live:
+            if job.sia_id in held:
+                quarantine.add(job, "profile", held[job.sia_id])
+        waiting = [(job, waits[job.sia_id]) for job in live if job.sia_id in waits]
+        return [j for j in live if j.sia_id not in waits and not quarantine.holds(j)], waiting
 
     def _build_estimator(self, job: JobSnapshot) -> JobGoodputEstimator:
         """The job's goodput model, from its own profile document when it brought one (a
@@ -414,6 +448,12 @@ class Controller:
             restoring=job.phase is JobPhase.STARTING,
         )
 
+    def _sweep(self, job: JobSnapshot) -> tuple[int, ...]:
+        """The per-GPU batches ``job``'s next run measures (none unless it profiles)."""
+        if self.profiler is None:
+            return ()
+        return self.profiler.sweep(self.jobs[job.sia_id])
+
     # --------------------------------------------------------------------------------------
     # Diff: current state vs. placed allocation -> actions
 
@@ -440,11 +480,12 @@ class Controller:
                     decisions.append(_decision(job, action, before, None, note))
                 continue
             batch = BatchChoice(share.batch_size, share.local_bsz, share.accum_steps)
+            sweep = self._sweep(job)
             if not job.phase.holds_gpus:
-                starts.append(Start(job.sia_id, r, share.config, nodes, batch))
+                starts.append(Start(job.sia_id, r, share.config, nodes, batch, sweep))
                 decisions.append(_decision(job, "start", before, share))
             elif share.config != job.config or not _same_nodes(nodes, job.placement):
-                moves.append(Move(job.sia_id, r, share.config, nodes, batch))
+                moves.append(Move(job.sia_id, r, share.config, nodes, batch, sweep))
                 decisions.append(_decision(job, "move", before, share))
             elif (
                 job.spec.kind is JobKind.ADAPTIVE

@@ -102,6 +102,10 @@ class JobRecord:
     # job is held at its minimum (a lie never earns GPUs; a report refused for a batch the
     # job is still changing to does not count). "" when its reports are believed.
     distrusted: str = ""
+    # While the job profiles (docs/profiling.md): the key of its profiling, and the site GPU
+    # types it may run on (one GPU of a type not measured yet); None once it has a profile.
+    profiling: tuple[str, str] | None = None
+    profile_types: frozenset[str] | None = None
 
     def view(
         self,
@@ -118,6 +122,26 @@ class JobRecord:
         ``sia-slurm explain`` from the snapshot or, offline, from the state database.
         """
         spec = self.spec
+        if self.profiling is not None:
+            return JobView(
+                job_id=spec.sia_id,
+                kind=spec.kind,
+                estimator=self.estimator,
+                age=max(now - spec.submit_time, 0.0),
+                submit_time=spec.submit_time,
+                restarts=restarts,
+                # Not discounted by the restart factor: going from type to type is what
+                # profiling is, not a move the policy chose (Sia would hold it instead).
+                restart_cost=0.0,
+                current=current,
+                placement=placement,
+                min_gpus=1,
+                max_gpus=1,
+                max_gpus_seen=max(self.max_gpus_seen, 1),
+                requested_gpus=1,
+                restoring=restoring,
+                gpu_types=self.profile_types,
+            )
         return JobView(
             job_id=spec.sia_id,
             kind=spec.kind,

@@ -104,7 +104,8 @@ class JobView:
     limit; ``max_gpus_seen`` the largest GPU count it has run on so far (0 before its first
     run), which drives the growth cap. ``requested_*`` are what the user asked for: the size of
     rigid, pinned, FIFO and Gavel jobs. ``restoring`` marks a job in the middle of a
-    checkpoint-restore: it keeps its current configuration.
+    checkpoint-restore: it keeps its current configuration. ``gpu_types`` limits the types it
+    may run on.
     """
 
     job_id: str
@@ -122,6 +123,9 @@ class JobView:
     requested_gpus: int = 1
     requested_gpu_type: str | None = None
     restoring: bool = False
+    # The GPU types the job may run on (None: any): a job still profiling may run only on a
+    # type it has not measured yet (docs/profiling.md).
+    gpu_types: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.requested_gpus < 1:

@@ -42,12 +42,16 @@ class FifoPolicy:
         waiting = []
         for job in policy_input.jobs:
             current = job.current
+            if current is not None and job.gpu_types is not None:
+                current = current if current.gpu_type in job.gpu_types else None
             if current is not None and ledger.take(current, job.placement) is not None:
                 chosen[job.job_id] = current
             else:
                 waiting.append(job)
         for job in sorted(waiting, key=lambda j: (j.submit_time, j.job_id)):
             types = [job.requested_gpu_type] if job.requested_gpu_type else cluster.gpu_types
+            if job.gpu_types is not None:
+                types = [t for t in types if t in job.gpu_types]
             for gpu_type in types:
                 view = cluster.types.get(gpu_type)
                 shape = None if view is None else shape_for(view, job.requested_gpus)

@@ -95,6 +95,8 @@ def requested_shapes(
         per_type = [packed_shape(cluster.types[t], job.requested_gpus) for t in cluster.gpu_types]
         if job.requested_gpu_type is not None:
             per_type = [s if s and s.gpu_type == job.requested_gpu_type else None for s in per_type]
+        if job.gpu_types is not None:
+            per_type = [s if s and s.gpu_type in job.gpu_types else None for s in per_type]
         valid = [s for s in per_type if s is not None]
         if valid:
             row = job.estimator.evaluate(valid, fixed_batch=True)

@@ -124,10 +124,13 @@ def candidate_configs(
     their GPU limits. A running job's current configuration is always a candidate (if it still
     fits, and is within the job's ``max_gpus``: the controller lowers that to hold a job whose
     reports it does not believe at its minimum), so staying put is never ruled out by the
-    shape of the set.
+    shape of the set. A job limited to some GPU types (``gpu_types``: one still profiling) gets
+    only those, its current configuration included.
     """
     current = job.current
     current_ok = current is not None and current.gpu_type in cluster.types
+    if current is not None and job.gpu_types is not None:
+        current_ok = current_ok and current.gpu_type in job.gpu_types
     if job.restoring or (job.kind is JobKind.PINNED and current is not None):
         return ((current,), True, 0) if current_ok else ((), False, None)  # type: ignore[return-value]
     if job.kind in (JobKind.PINNED, JobKind.RIGID):
@@ -138,6 +141,8 @@ def candidate_configs(
     else:
         low, high = gpu_limits(job, config)
         configs = index.between(low, high)
+    if job.gpu_types is not None:
+        configs = tuple(c for c in configs if c.gpu_type in job.gpu_types)
     over = current is not None and job.max_gpus is not None and current.gpus > job.max_gpus
     if not current_ok or over:
         return configs, False, None

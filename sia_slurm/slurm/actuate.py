@@ -431,6 +431,7 @@ class Actuator:
             batch_size=action.batch.batch_size,
             local_bsz=action.batch.local_bsz,
             accum_steps=action.batch.accum_steps,
+            profile_sweep=action.profile_sweep,
         )
         if self._already_placed(action, managed):
             return None

@@ -229,6 +229,7 @@ class SlurmBackend:
                         f"{directory.where('spec.json')}: sia_id is {spec.sia_id!r}"
                     )
                 profile = self.documents.read_profile(directory)
+                profiled, profiled_problem = self._profiled(directory)
                 report, reported = self.inbox.read(
                     sia_id, directory, managed.run, rejected, managed.current.nodes
                 )
@@ -251,7 +252,13 @@ class SlurmBackend:
             if reason is None:
                 message = f"not running as granted: {refusal}; being requeued"
             job_view = self._job(
-                managed, spec, JobPhase.PENDING, message, assignment, profile=profile
+                managed,
+                spec,
+                JobPhase.PENDING,
+                message,
+                assignment,
+                profile=profile,
+                profiled=(profiled, profiled_problem),
             )
             return job_view, None
         if job.completing and not _granted_run(job, assignment):
@@ -259,7 +266,13 @@ class SlurmBackend:
             # GPUs back, so it must not be kept where it was as if it ran there.
             message = "requeued outside the controller; Slurm is taking its GPUs back"
             job_view = self._job(
-                managed, spec, JobPhase.PENDING, message, assignment, profile=profile
+                managed,
+                spec,
+                JobPhase.PENDING,
+                message,
+                assignment,
+                profile=profile,
+                profiled=(profiled, profiled_problem),
             )
             return job_view, None
         phase, message = job_phase(
@@ -300,7 +313,15 @@ class SlurmBackend:
                 return None
             config, placement = allocation
         snapshot = self._job(
-            managed, spec, phase, message, assignment, config, placement, profile=profile
+            managed,
+            spec,
+            phase,
+            message,
+            assignment,
+            config,
+            placement,
+            profile=profile,
+            profiled=(profiled, profiled_problem),
         )
         return snapshot, report
 
@@ -315,6 +336,7 @@ class SlurmBackend:
         placement: tuple[NodeShare, ...] = (),
         *,
         profile: Mapping[str, Any] | None = None,
+        profiled: tuple[Mapping[str, Any] | None, str] = (None, ""),
     ) -> JobSnapshot:
         job = managed.current
         return JobSnapshot(
@@ -331,7 +353,17 @@ class SlurmBackend:
             account=job.account,
             qos=job.qos,
             profile_document=profile,
+            profiled_document=profiled[0],
+            profiled_problem=profiled[1],
         )
+
+    def _profiled(self, directory: JobDirectory) -> tuple[dict[str, Any] | None, str]:
+        """The job's ``profiled.json`` and why it could not be read (``""``): a bad one is the
+        profiling's to refuse (docs/profiling.md), not a reason to leave the job out."""
+        try:
+            return self.documents.read_profiled(directory), ""
+        except ProtocolError as exc:
+            return None, str(exc)
 
     def _failure(
         self, managed: ManagedJob, spec: JobSpec, directory: JobDirectory, stopped: bool

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from sia_slurm.protocol import (
     METRICS_FILE,
     PROFILE_FILE,
+    PROFILED_FILE,
     SIA_ID,
     SPEC_FILE,
     Assignment,
@@ -85,6 +86,14 @@ class DocumentCache:
         if the job brought none."""
         return self._read_user_file(  # type: ignore[return-value]
             directory, PROFILE_FILE, lambda: directory.read_json(PROFILE_FILE)
+        )
+
+    def read_profiled(self, directory: JobDirectory) -> dict[str, Any] | None:
+        """What the job measured while profiling (``profiled.json``: the bounded JSON object
+        only; the controller checks its values), read through the user-file door; ``None``
+        if it wrote none."""
+        return self._read_user_file(  # type: ignore[return-value]
+            directory, PROFILED_FILE, lambda: directory.read_json(PROFILED_FILE)
         )
 
     def _read_user_file(

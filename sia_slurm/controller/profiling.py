@@ -1,0 +1,441 @@
+"""Sia's profiling of a new model, on the controller's side (docs/profiling.md).
+
+A job whose model the controller has no profile for (no shipped ``--app``, no ``--profile``,
+no measured profile kept for its app and account) is *profiling*: its goodput model offers one
+GPU of each GPU type not measured yet, so the policy gives it one of them when it sees fit; its
+run there measures a sweep of per-GPU batches (the assignment's ``profile_sweep``) and writes
+what it measured to ``profiled.json``, which the backend reads through the user-file door. The
+controller takes from that document only the types the job was given, checks them, and when
+every GPU type of the cluster is measured, keeps the profile (:class:`ProfileBook`) and builds
+the job's real goodput model from it.
+
+The profiling is per *key*, not per job: the jobs of one app and account share it (the oldest
+profiles, the others wait), so two jobs of a new app give one profile, and if the profiler
+ends before it is done the next one takes over with the types already measured. A job without
+an app profiles for itself alone (its key is its id).
+
+Nothing here reads a file: documents come from the snapshot, measured profiles from the book.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sia_slurm.cluster import JobSnapshot
+from sia_slurm.controller.jobs import EstimatorFactory, JobRecord
+from sia_slurm.model import JobGoodputEstimator, Observation
+from sia_slurm.model.batch import BatchLimits
+from sia_slurm.model.profile_json import (
+    PROFILE_FORMAT,
+    measured_problems,
+    profile_from_json,
+)
+from sia_slurm.protocol import MAX_SWEEP, PROFILED_FILE, JobSpec, ProtocolError
+
+# A profiling job's per-GPU batches: powers of two from the smallest useful one (M0 over this)
+# up to its largest batch; the job stops at the first that does not fit.
+SWEEP_SPREAD = 16
+# A type whose measured document was refused this many times holds the job (it is quarantined
+# with the reason) instead of being measured again.
+MAX_REFUSALS = 2
+OWN = ""  # the account part of the key of a job that profiles for itself alone (no app)
+
+logger = logging.getLogger(__name__)
+ProfileKey = tuple[str, str]  # (account, app), or (OWN, sia id)
+
+
+class ProfileBook(Protocol):
+    """Where measured profiles are kept (sia_slurm/state/profiles.py: files under the state
+    directory for the Slurm controller, a dict in the simulator)."""
+
+    def get(self, account: str, app: str) -> Mapping[str, Any] | None: ...
+
+    def put(
+        self, account: str, app: str, document: Mapping[str, Any], meta: Mapping[str, Any]
+    ) -> None: ...
+
+
+@dataclass
+class MemoryProfileBook:
+    """A :class:`ProfileBook` in memory (the simulator; tests)."""
+
+    documents: dict[ProfileKey, Mapping[str, Any]] = field(default_factory=dict)
+    meta: dict[ProfileKey, Mapping[str, Any]] = field(default_factory=dict)
+
+    def get(self, account: str, app: str) -> Mapping[str, Any] | None:
+        return self.documents.get((account, app))
+
+    def put(
+        self, account: str, app: str, document: Mapping[str, Any], meta: Mapping[str, Any]
+    ) -> None:
+        self.documents[(account, app)] = document
+        self.meta[(account, app)] = meta
+
+
+def profile_sweep(limits: BatchLimits) -> tuple[int, ...]:
+    """The per-GPU batches a profiling run measures: powers of two from ``min_local_bsz`` up
+    to the largest batch (at most :data:`~sia_slurm.protocol.MAX_SWEEP`)."""
+    sweep = [limits.min_local_bsz]
+    while sweep[-1] * 2 <= limits.max_batch_size and len(sweep) < MAX_SWEEP:
+        sweep.append(sweep[-1] * 2)
+    return tuple(sweep)
+
+
+def profiling_limits(spec: JobSpec) -> BatchLimits:
+    """A profiling job's batch bounds: its M0 (required: nothing else says what batch its
+    learning rate is tuned for), its largest batch (M0 when not given) and a smallest useful
+    per-GPU batch of M0 / :data:`SWEEP_SPREAD`."""
+    m0 = spec.init_batch_size
+    if m0 < 1:
+        raise ValueError(
+            f"job {spec.sia_id}: a model without a profile is profiled, which needs its "
+            "initial batch size: submit it with --init-batch-size"
+        )
+    largest = max(spec.max_batch_size or m0, m0)
+    return BatchLimits(m0, largest, max(1, m0 // SWEEP_SPREAD))
+
+
+@dataclass
+class Profiling:
+    """One key's profiling: the types measured so far and what each job was given."""
+
+    key: ProfileKey
+    limits: BatchLimits
+    started: float
+    # profile type -> (largest per-GPU batch that fits, measured 1-GPU points as
+    # (local batch, step time, sync time)), every one checked
+    measured: dict[str, tuple[int, tuple[tuple[int, float, float], ...]]] = field(
+        default_factory=dict
+    )
+    given: dict[str, set[str]] = field(default_factory=dict)  # sia id -> profile types run on
+    refusals: dict[str, int] = field(default_factory=dict)  # profile type -> documents refused
+    said: str = ""  # the last refusal, for explain
+    seen: dict[str, str] = field(default_factory=dict)  # sia id -> its last document, as read
+
+    def to_json(self) -> dict[str, Any]:
+        """This profiling as JSON (the controller's memory keeps it across restarts)."""
+        return {
+            "key": list(self.key),
+            "limits": [
+                self.limits.init_batch_size,
+                self.limits.max_batch_size,
+                self.limits.min_local_bsz,
+            ],
+            "started": self.started,
+            "measured": {
+                t: [limit, [list(p) for p in points]]
+                for t, (limit, points) in self.measured.items()
+            },
+            "given": {j: sorted(types) for j, types in self.given.items()},
+            "refusals": dict(self.refusals),
+            "said": self.said,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Profiling:
+        """The profiling :meth:`to_json` wrote (the controller's own database: a malformed
+        one raises and is left out by the loader)."""
+        account, app = data["key"]
+        m0, largest, smallest = (int(v) for v in data["limits"])
+        return cls(
+            key=(str(account), str(app)),
+            limits=BatchLimits(m0, largest, smallest),
+            started=float(data["started"]),
+            measured={
+                str(t): (int(limit), tuple((int(m), float(s), float(y)) for m, s, y in points))
+                for t, (limit, points) in data["measured"].items()
+            },
+            given={str(j): {str(t) for t in types} for j, types in data["given"].items()},
+            refusals={str(t): int(n) for t, n in data["refusals"].items()},
+            said=str(data.get("said", "")),
+        )
+
+    # ---- what the job measured ---------------------------------------------------------------
+
+    def take(
+        self,
+        sia_id: str,
+        document: Mapping[str, Any],
+        gpu_types: Collection[str],
+        now_type: str | None,
+    ) -> str:
+        """Take the types of ``document`` (job ``sia_id``'s ``profiled.json``) that the job
+        was given and that are not measured yet, each checked; why it was refused (``""``
+        when taken or unchanged). ``now_type`` is the profile type the job runs on: a refusal
+        counts against it."""
+        text = repr(sorted(document.items()))
+        if self.seen.get(sia_id) == text:
+            return ""
+        self.seen[sia_id] = text
+        where = f"job {sia_id}: {PROFILED_FILE}"
+        given = self.given.get(sia_id, set())
+        try:
+            profile = profile_from_json(document, where, gpu_types)
+            lied = sorted(set(profile.seed) - given)
+            if lied:
+                raise ProtocolError(
+                    f"{where}: seed: type(s) {', '.join(lied)} measured, but the job was "
+                    f"given only {', '.join(sorted(given)) or 'none'}"
+                )
+            new = sorted(set(profile.seed) - set(self.measured))
+            problems = measured_problems(profile, new)
+            if problems:
+                raise ProtocolError(f"{where}: {'; '.join(problems)}")
+        except (ProtocolError, ValueError) as exc:
+            if now_type is not None:
+                self.refusals[now_type] = self.refusals.get(now_type, 0) + 1
+            self.said = str(exc)
+            return self.said
+        for gpu_type in new:
+            points = tuple(
+                (o.local_bsz, o.step_time, o.sync_time)
+                for o in sorted(profile.seed[gpu_type], key=lambda o: o.local_bsz)
+                if o.gpus == 1
+            )
+            self.measured[gpu_type] = (profile.max_local_bsz[gpu_type], points)
+        return ""
+
+    def held(self, gpu_type: str | None) -> bool:
+        """Whether a type's documents were refused too often to measure it again."""
+        return gpu_type is not None and self.refusals.get(gpu_type, 0) >= MAX_REFUSALS
+
+    # ---- the profile -------------------------------------------------------------------------
+
+    def missing(self, required: Iterable[str]) -> list[str]:
+        """The profile types of ``required`` not measured yet."""
+        return sorted(set(required) - set(self.measured))
+
+    def document(self, now: float, who: str) -> dict[str, Any]:
+        """The measured profile as a profile document (``profile.json``'s format)."""
+        seed = [
+            {
+                "gpu_type": gpu_type,
+                "local_bsz": local_bsz,
+                "placement": "1",
+                "step_time": step_time,
+                "sync_time": sync_time,
+            }
+            for gpu_type, (_, points) in sorted(self.measured.items())
+            for local_bsz, step_time, sync_time in points
+        ]
+        smallest = min(m for _, points in self.measured.values() for m, _, _ in points)
+        return {
+            "format": PROFILE_FORMAT,
+            "app": self.key[1],
+            "init_batch_size": self.limits.init_batch_size,
+            "max_batch_size": self.limits.max_batch_size,
+            "min_local_bsz": min(smallest, self.limits.init_batch_size),
+            "max_local_bsz": {t: limit for t, (limit, _) in sorted(self.measured.items())},
+            "seed": seed,
+            "description": (
+                f"measured by {who} on {', '.join(sorted(self.measured))} in "
+                f"{max(now - self.started, 0.0):.0f} s"
+            ),
+        }
+
+    def meta(self, now: float, who: str) -> dict[str, Any]:
+        """When, where and how long the profile was measured (``profile show`` prints it)."""
+        return {
+            "measured_at": now,
+            "started_at": self.started,
+            "seconds": max(now - self.started, 0.0),
+            "jobs": sorted(self.given),
+            "by": who,
+            "gpu_types": sorted(self.measured),
+            "written": time.time(),
+        }
+
+
+def provisional_estimator(
+    limits: BatchLimits, profile_types: Collection[str], aliases: Mapping[str, str]
+) -> JobGoodputEstimator:
+    """The goodput model of a job still profiling: one GPU of each of ``profile_types`` (those
+    not measured yet), all alike, nothing else. The policy only needs to compare the job's
+    options with the other jobs'; the same placeholder speed on every type leaves the choice
+    of type to where there is room. The batch it chooses is M0 on one GPU (the job splits it
+    into accumulation steps where it does not fit)."""
+    m0 = limits.init_batch_size
+    placeholder = (Observation(nodes=1, gpus=1, local_bsz=m0, step_time=1.0, sync_time=0.0),)
+    return JobGoodputEstimator(
+        {t: m0 for t in profile_types},
+        BatchLimits(m0, m0, min(limits.min_local_bsz, m0)),
+        seed={t: placeholder for t in profile_types},
+        type_aliases=aliases,
+    )
+
+
+__all__ = [
+    "MAX_REFUSALS",
+    "OWN",
+    "SWEEP_SPREAD",
+    "MemoryProfileBook",
+    "ProfileBook",
+    "ProfileKey",
+    "Profiler",
+    "Profiling",
+    "profile_sweep",
+    "profiling_limits",
+    "provisional_estimator",
+]
+
+
+@dataclass
+class Profiler:
+    """The profilings under way, and where measured profiles are kept.
+
+    ``factory`` builds goodput models (it knows the shipped apps, the profiles' GPU types and
+    the site's aliases for them); ``book`` keeps measured profiles for later jobs."""
+
+    book: ProfileBook
+    factory: EstimatorFactory
+    profilings: dict[ProfileKey, Profiling] = field(default_factory=dict)
+
+    def needs(self, job: JobSnapshot) -> bool:
+        """Whether ``job`` brings no profile and names no shipped app."""
+        spec = job.spec
+        if job.profile_document is not None or spec.profile:
+            return False
+        return not spec.app or spec.app not in self.factory.profiles.apps
+
+    @staticmethod
+    def key(job: JobSnapshot) -> ProfileKey:
+        """Who shares the job's profile: its app and account, or the job alone (no app)."""
+        return (job.account, job.spec.app) if job.spec.app else (OWN, job.sia_id)
+
+    def admit(self, job: JobSnapshot, now: float) -> JobRecord:
+        """A new job's record: built from the profile kept for its app and account, else a
+        profiling record (:class:`ValueError` if the job cannot be profiled)."""
+        key = self.key(job)
+        kept = self.book.get(*key) if key[0] != OWN else None
+        if kept is not None:
+            return JobRecord(job.spec, self.factory(job.spec, kept), kept)
+        limits = profiling_limits(job.spec)
+        profiling = self.profilings.setdefault(key, Profiling(key, limits, now))
+        estimator = provisional_estimator(
+            profiling.limits, sorted(self.factory.profiles.gpu_types), self.factory.type_aliases
+        )
+        return JobRecord(job.spec, estimator, profiling=key)
+
+    def profile_type(self, site_type: str) -> str:
+        return self.factory.type_aliases.get(site_type, site_type)
+
+    def sweep(self, record: JobRecord) -> tuple[int, ...]:
+        """The per-GPU batches a run of ``record``'s job measures (none when not profiling)."""
+        if record.profiling is None or record.profiling not in self.profilings:
+            return ()
+        return profile_sweep(self.profilings[record.profiling].limits)
+
+    def round(
+        self,
+        live: list[JobSnapshot],
+        records: Mapping[str, JobRecord],
+        site_types: Collection[str],
+        now: float,
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Take in what the profiling jobs of ``live`` measured; finish the profilings that have
+        every type of ``site_types``. Returns the jobs that wait for another's profiling (sia id
+        -> why) and those held for documents refused too often (sia id -> why)."""
+        by_key: dict[ProfileKey, list[JobSnapshot]] = {}
+        for job in live:
+            key = records[job.sia_id].profiling
+            if key is not None:
+                by_key.setdefault(key, []).append(job)
+        for gone in set(self.profilings) - set(by_key):
+            del self.profilings[gone]  # no job left to profile it: a later one starts afresh
+        required = {self.profile_type(t) for t in site_types}
+        waiting: dict[str, str] = {}
+        held: dict[str, str] = {}
+        for key, jobs in by_key.items():
+            profiling = self.profilings[key]
+            for job in jobs:
+                self._take(profiling, job)
+            missing = profiling.missing(required)
+            kept = self.book.get(*key) if key[0] != OWN else None
+            if kept is not None or not missing:
+                self._finish(profiling, jobs, records, kept, required, now)
+                continue
+            jobs.sort(key=lambda j: (j.spec.submit_time, j.sia_id))
+            allowed = frozenset(t for t in site_types if self.profile_type(t) in missing)
+            for job in jobs:
+                record = records[job.sia_id]
+                if job is not jobs[0] and not job.phase.holds_gpus:
+                    waiting[job.sia_id] = (
+                        f"profiling: waits for job {jobs[0].sia_id}'s profile of {key[1]}"
+                    )
+                    continue
+                current = self._now_type(job)
+                if profiling.held(current):
+                    held[job.sia_id] = f"profiling refused {MAX_REFUSALS} times: {profiling.said}"
+                    continue
+                if record.profile_types != allowed:
+                    record.estimator = provisional_estimator(
+                        profiling.limits, missing, self.factory.type_aliases
+                    )
+                    record.profile_types = allowed
+        return waiting, held
+
+    def _now_type(self, job: JobSnapshot) -> str | None:
+        if job.phase.holds_gpus and job.config is not None:
+            return self.profile_type(job.config.gpu_type)
+        return None
+
+    def _take(self, profiling: Profiling, job: JobSnapshot) -> None:
+        """Record the type ``job`` runs on as given, and take in its document."""
+        current = self._now_type(job)
+        if current is not None:
+            profiling.given.setdefault(job.sia_id, set()).add(current)
+        if job.profiled_problem:
+            text = "problem:" + job.profiled_problem
+            if profiling.seen.get(job.sia_id) != text:
+                profiling.seen[job.sia_id] = text
+                profiling.said = job.profiled_problem
+                if current is not None:
+                    profiling.refusals[current] = profiling.refusals.get(current, 0) + 1
+            return
+        if job.profiled_document is not None:
+            why = profiling.take(
+                job.sia_id, job.profiled_document, self.factory.profiles.gpu_types, current
+            )
+            if why:
+                logger.warning("job %s: profile refused: %s", job.sia_id, why)
+
+    def _finish(
+        self,
+        profiling: Profiling,
+        jobs: list[JobSnapshot],
+        records: Mapping[str, JobRecord],
+        kept: Mapping[str, Any] | None,
+        required: Collection[str],
+        now: float,
+    ) -> None:
+        """Every job of the key gets its goodput model from the profile: the one kept (another
+        controller's, or one measured before), else the one just measured, checked and kept."""
+        document = kept
+        if document is None:
+            who = ", ".join(sorted(profiling.given)) or jobs[0].sia_id
+            document = profiling.document(now, f"job {who}")
+            profile = profile_from_json(
+                document, "measured profile", self.factory.profiles.gpu_types
+            )
+            problems = measured_problems(profile, required)
+            if problems:  # every type was checked when taken: a bug if this ever says anything
+                raise ValueError(f"measured profile of {profiling.key}: {'; '.join(problems)}")
+            if profiling.key[0] != OWN:
+                self.book.put(*profiling.key, document, profiling.meta(now, who))
+            logger.info(
+                "profile of %s measured by %s on %s",
+                profiling.key[1] or jobs[0].sia_id,
+                who,
+                ", ".join(sorted(profiling.measured)),
+            )
+        for job in jobs:
+            record = records[job.sia_id]
+            record.estimator = self.factory(job.spec, document)
+            record.profile_document = document
+            record.profiling = None
+            record.profile_types = None
+        self.profilings.pop(profiling.key, None)

@@ -1,0 +1,255 @@
+"""Sia's profiling of a new model, driven through real rounds of the controller
+(docs/profiling.md): one GPU of each type in turn, each run measuring a sweep, the document
+checked and kept, two jobs of one app giving one profile, hostile documents refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Move, Start
+from sia_slurm.controller import Controller, EstimatorFactory
+from sia_slurm.controller.profiling import (
+    MAX_REFUSALS,
+    MemoryProfileBook,
+    Profiler,
+    profile_sweep,
+    profiling_limits,
+)
+from sia_slurm.controller.quarantine import QUARANTINED
+from sia_slurm.core import Configuration
+from sia_slurm.model import load_profiles
+from sia_slurm.model.profile_json import PROFILE_FORMAT
+from sia_slurm.policy.base import NodeShare, NodeView
+from sia_slurm.policy.registry import make_policy
+from sia_slurm.protocol import JobSpec
+
+NODES = (NodeView("t4-1", "t4", 4, 4), NodeView("a100-1", "a100", 4, 4))
+ALIASES = {"a100": "dgx"}
+SPEED = {"t4": 4e-4, "dgx": 1e-4}  # seconds per sample on one GPU
+
+
+@pytest.fixture(scope="module")
+def factory() -> EstimatorFactory:
+    return EstimatorFactory(load_profiles(), ALIASES)
+
+
+def spec(sia_id: str = "new", app: str = "mynet", submit: float = 0.0) -> JobSpec:
+    return JobSpec(sia_id, app, init_batch_size=32, max_batch_size=256, submit_time=submit)
+
+
+def measured(types: list[str], limit: int = 64, **override: Any) -> dict[str, Any]:
+    """The document a profiling job writes after measuring ``types`` (profile names)."""
+    seed = [
+        {
+            "gpu_type": t,
+            "local_bsz": m,
+            "placement": "1",
+            "step_time": 0.01 + m * SPEED[t],
+            "sync_time": 0.0,
+        }
+        for t in types
+        for m in (2, 4, 8, 16, 32, 64)
+        if m <= limit
+    ]
+    document = {
+        "format": PROFILE_FORMAT,
+        "app": "mynet",
+        "init_batch_size": 32,
+        "max_batch_size": 256,
+        "min_local_bsz": 2,
+        "max_local_bsz": {t: limit for t in types},
+        "seed": seed,
+        "description": "",
+    }
+    document.update(override)
+    return document
+
+
+def on(job: JobSpec, gpu_type: str, gpus: int = 1, **fields: Any) -> JobSnapshot:
+    node = f"{gpu_type}-1"
+    return JobSnapshot(
+        job,
+        JobPhase.RUNNING,
+        config=Configuration(gpu_type, 1, gpus),
+        placement=(NodeShare(node, gpus),),
+        account="physics",
+        **fields,
+    )
+
+
+def pending(job: JobSpec, **fields: Any) -> JobSnapshot:
+    return JobSnapshot(job, JobPhase.PENDING, account="physics", **fields)
+
+
+def controller(factory: EstimatorFactory, book: MemoryProfileBook | None = None) -> Controller:
+    profiler = Profiler(book if book is not None else MemoryProfileBook(), factory)
+    return Controller(make_policy("sia"), factory, profiler=profiler)
+
+
+def test_a_new_model_is_profiled_type_by_type_then_scheduled(factory: EstimatorFactory) -> None:
+    book = MemoryProfileBook()
+    ctl = controller(factory, book)
+    job = spec()
+    sweep = profile_sweep(profiling_limits(job))
+    assert sweep == (2, 4, 8, 16, 32, 64, 128, 256)
+
+    (start,) = ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),))).actions
+    assert isinstance(start, Start) and start.config.gpus == 1
+    assert start.profile_sweep == sweep
+    first = start.config.gpu_type
+    other = "t4" if first == "a100" else "a100"
+
+    # While it sweeps, nothing is measured: it keeps its GPU.
+    outcome = ctl.round(ClusterSnapshot(60.0, NODES, (on(job, first),)))
+    assert outcome.actions == ()
+    assert ctl.jobs["new"].profiling == ("physics", "mynet")
+
+    # Its first type measured, it moves to one GPU of the other, measuring again.
+    document = measured([ALIASES.get(first, first)])
+    (move,) = ctl.round(
+        ClusterSnapshot(120.0, NODES, (on(job, first, profiled_document=document),))
+    ).actions
+    assert isinstance(move, Move) and move.config == Configuration(other, 1, 1)
+    assert move.profile_sweep == sweep
+
+    # Every type measured: the profile is checked and kept, and the job is scheduled from it.
+    document = measured(["t4", "dgx"])
+    outcome = ctl.round(
+        ClusterSnapshot(180.0, NODES, (on(job, other, profiled_document=document),))
+    )
+    record = ctl.jobs["new"]
+    assert record.profiling is None and record.profile_document is not None
+    kept = book.get("physics", "mynet")
+    assert kept is not None and sorted(kept["max_local_bsz"]) == ["dgx", "t4"]
+    assert book.meta[("physics", "mynet")]["seconds"] == 180.0
+    for action in outcome.actions:
+        assert isinstance(action, Move) and action.profile_sweep == ()
+    # The model is the measured one: on one GPU at M0 it predicts the measured step times.
+    row = record.estimator.evaluate(
+        [Configuration("t4", 1, 1), Configuration("a100", 1, 1)], fixed_batch=True
+    )
+    for got, gpu_type in zip(row.throughput, ("t4", "dgx"), strict=True):
+        assert got == pytest.approx(32 / (0.01 + 32 * SPEED[gpu_type]), rel=0.05)
+
+
+def test_a_later_job_of_the_app_and_account_reuses_the_kept_profile(
+    factory: EstimatorFactory,
+) -> None:
+    book = MemoryProfileBook()
+    book.put("physics", "mynet", measured(["t4", "dgx"]), {})
+    ctl = controller(factory, book)
+    outcome = ctl.round(ClusterSnapshot(0.0, NODES, (pending(spec()),)))
+    assert ctl.jobs["new"].profiling is None
+    for action in outcome.actions:
+        assert isinstance(action, Start) and action.profile_sweep == ()
+    # Another account's job of the same app profiles for itself.
+    other = JobSnapshot(spec("theirs"), JobPhase.PENDING, account="biology")
+    ctl.round(ClusterSnapshot(60.0, NODES, (other,)))
+    assert ctl.jobs["theirs"].profiling == ("biology", "mynet")
+
+
+def test_two_jobs_of_one_new_app_give_one_profile(factory: EstimatorFactory) -> None:
+    book = MemoryProfileBook()
+    ctl = controller(factory, book)
+    first, second = spec("first", submit=0.0), spec("second", submit=5.0)
+    outcome = ctl.round(ClusterSnapshot(10.0, NODES, (pending(first), pending(second))))
+    assert [a.sia_id for a in outcome.actions] == ["first"]
+    (waits,) = [d for d in outcome.decisions if d.sia_id == "second"]
+    assert waits.action == "wait" and "waits for job first's profile of mynet" in waits.note
+
+    # The profiler ends half way: the second takes over with the type already measured.
+    start = outcome.actions[0]
+    assert isinstance(start, Start)
+    measured_type = ALIASES.get(start.config.gpu_type, start.config.gpu_type)
+    running = on(first, start.config.gpu_type, profiled_document=measured([measured_type]))
+    ctl.round(ClusterSnapshot(70.0, NODES, (running, pending(second))))
+    outcome = ctl.round(ClusterSnapshot(130.0, NODES, (pending(second),)))
+    (start2,) = outcome.actions
+    assert isinstance(start2, Start) and start2.sia_id == "second"
+    assert start2.config.gpu_type != start.config.gpu_type  # the measured type is not redone
+
+
+def test_a_job_without_an_app_profiles_for_itself(factory: EstimatorFactory) -> None:
+    book = MemoryProfileBook()
+    ctl = controller(factory, book)
+    job = spec("solo", app="")
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    assert ctl.jobs["solo"].profiling == ("", "solo")
+    ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=measured(["t4"])),)))
+    ctl.round(
+        ClusterSnapshot(120.0, NODES, (on(job, "a100", profiled_document=measured(["t4", "dgx"])),))
+    )
+    assert ctl.jobs["solo"].profiling is None
+    assert book.documents == {}  # kept for nobody else
+
+
+def test_a_job_without_its_initial_batch_cannot_be_profiled(factory: EstimatorFactory) -> None:
+    ctl = controller(factory)
+    outcome = ctl.round(ClusterSnapshot(0.0, NODES, (pending(JobSpec("x", "mynet")),)))
+    (decision,) = outcome.decisions
+    assert decision.action == QUARANTINED and "--init-batch-size" in decision.note
+
+
+@pytest.mark.parametrize(
+    ("document", "said"),
+    [
+        (measured(["t4", "dgx"]), "type(s) dgx measured, but the job was given only t4"),
+        (
+            measured(["t4"], seed=[{"gpu_type": "t4", "local_bsz": 2, "placement": "1",
+                                     "step_time": float("nan"), "sync_time": 0.0}]),
+            "step_time",
+        ),
+        (measured(["t4"], max_local_bsz={"t4": -3}), "max_local_bsz.t4"),
+        (measured(["t4"], seed=[]), "seed"),
+        (
+            measured(["t4"], seed=[
+                {"gpu_type": "t4", "local_bsz": 2, "placement": "1", "step_time": 9.0,
+                 "sync_time": 0.0},
+                {"gpu_type": "t4", "local_bsz": 64, "placement": "1", "step_time": 0.01,
+                 "sync_time": 0.0},
+            ]),
+            "step times must grow with the batch",
+        ),
+    ],
+)  # fmt: skip
+def test_a_hostile_document_is_refused_and_the_job_measured_again_then_held(
+    factory: EstimatorFactory, document: dict[str, Any], said: str
+) -> None:
+    ctl = controller(factory)
+    job = spec()
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
+    outcome = ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=document),)))
+    assert said in profiling.said
+    assert profiling.measured == {}
+    assert not any(d.action == QUARANTINED for d in outcome.decisions)
+    # The same document again is not a new refusal; a new bad one is, up to the limit.
+    ctl.round(ClusterSnapshot(120.0, NODES, (on(job, "t4", profiled_document=document),)))
+    assert profiling.refusals == {"t4": 1}
+    for n in range(2, MAX_REFUSALS + 1):
+        again = {**document, "description": f"try {n}"}
+        outcome = ctl.round(
+            ClusterSnapshot(60.0 * n + 120, NODES, (on(job, "t4", profiled_document=again),))
+        )
+    (decision,) = outcome.decisions
+    assert decision.action == QUARANTINED and decision.note.startswith("profile: profiling refused")
+
+
+def test_an_unreadable_document_counts_as_refused(factory: EstimatorFactory) -> None:
+    ctl = controller(factory)
+    job = spec()
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    problem = "job new: profiled.json: an integer of 5000 digits"
+    ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_problem=problem),)))
+    profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
+    assert profiling.refusals == {"t4": 1} and profiling.said == problem
+
+
+def test_without_a_profiler_an_unknown_app_is_refused_as_before(factory: EstimatorFactory) -> None:
+    outcome = Controller(make_policy("sia"), factory).round(
+        ClusterSnapshot(0.0, NODES, (pending(spec()),))
+    )
+    (decision,) = outcome.decisions
+    assert decision.action == QUARANTINED and "no profile for app 'mynet'" in decision.note
