@@ -182,8 +182,10 @@ def check_sbatch_options(args: Sequence[str]) -> None:
             expect_value = len(token) == 2 and token[1] not in _SHORT_FLAGS
 
 
-def load_job_profile(options: SubmitOptions) -> tuple[str, AppProfile, str | None]:
-    """``(app name, profile, spec.profile)`` from ``--app`` and/or ``--profile``."""
+def load_job_profile(options: SubmitOptions) -> tuple[str, AppProfile | None, str | None]:
+    """``(app name, profile, spec.profile)`` from ``--app`` and/or ``--profile``; the profile
+    is ``None`` for a model the scheduler profiles itself (no ``--profile``, and ``--app``
+    absent or naming no shipped profile: docs/profiling.md)."""
     if options.profile_dir is not None:
         root = default_profiles_dir()
         directory = options.profile_dir.absolute()
@@ -195,11 +197,32 @@ def load_job_profile(options: SubmitOptions) -> tuple[str, AppProfile, str | Non
             raise UsageError(f"--profile {options.profile_dir}: {exc}") from None
         return options.app or directory.name, profile, str(directory)
     if not options.app:
-        raise UsageError("give --app NAME (a profile in profiles/) or --profile DIR")
+        return "", None, None
     try:
         return options.app, load_profiles().app(options.app), None
-    except ProfileError as exc:
-        raise UsageError(f"--app {options.app}: {exc}") from None
+    except ProfileError:
+        return options.app, None, None  # a model of its own: profiled on arrival
+
+
+def check_profiling(options: SubmitOptions) -> None:
+    """What a job the scheduler profiles needs: its M0 (nothing else says what batch its
+    learning rate is tuned for) and to fit one GPU (it is measured on one of each type)."""
+    if options.batch_size is None:
+        known = ", ".join(sorted(load_profiles().apps))
+        named = (
+            f"--app {options.app}: no shipped profile (known apps: {known}); "
+            if options.app
+            else ""
+        )
+        raise UsageError(
+            f"{named}--batch-size: required for a model without a profile, which the "
+            "scheduler profiles first (docs/profiling.md)"
+        )
+    if options.min_gpus > 1:
+        raise UsageError(
+            f"--min-gpus {options.min_gpus}: a model without a profile is profiled on one GPU "
+            "of each type; give a profile (--profile DIR) for a job that needs more"
+        )
 
 
 def profile_document(options: SubmitOptions, profile: AppProfile) -> bytes:
@@ -218,12 +241,18 @@ def profile_document(options: SubmitOptions, profile: AppProfile) -> bytes:
     return data
 
 
-def resolve_batch(options: SubmitOptions, profile: AppProfile) -> tuple[int, int]:
-    """``(M0, max_batch_size)``: the options, defaulting to the profile's."""
-    init = options.batch_size or profile.init_batch_size
-    largest = options.max_batch_size or profile.max_batch_size
+def resolve_batch(options: SubmitOptions, profile: AppProfile | None) -> tuple[int, int]:
+    """``(M0, max_batch_size)``: the options, defaulting to the profile's (without one, the
+    largest batch defaults to M0: no batch is assumed safe for the learning rate)."""
+    if profile is None:
+        assert options.batch_size is not None  # check_profiling
+        init = options.batch_size
+        largest = options.max_batch_size or init
+    else:
+        init = options.batch_size or profile.init_batch_size
+        largest = options.max_batch_size or profile.max_batch_size
     if init > largest:
-        source = "" if options.max_batch_size else f" (profile {profile.name}'s)"
+        source = "" if options.max_batch_size or profile is None else f" (profile {profile.name}'s)"
         raise UsageError(f"--batch-size {init} exceeds --max-batch-size {largest}{source}")
     return init, largest
 
@@ -243,7 +272,7 @@ def check_gpu_counts(options: SubmitOptions) -> int:
 
 def type_problems(
     config: SiaConfig,
-    profile: AppProfile,
+    profile: AppProfile | None,
     options: SubmitOptions,
     gpus: int,
     init_batch: int,
@@ -256,8 +285,15 @@ def type_problems(
     problems: dict[str, str | None] = {}
     for partition in config.partitions:
         key = profile_keys.get(partition.gpu_type, partition.gpu_type)
-        limit = profile.max_local_bsz.get(key)
         per_node = partition.gpus_per_node
+        if profile is None:  # profiled first, on one GPU of each type
+            problems[partition.gpu_type] = (
+                f"{gpus} GPUs do not fill whole nodes of {per_node}"
+                if gpus > per_node and gpus % per_node
+                else None
+            )
+            continue
+        limit = profile.max_local_bsz.get(key)
         if limit is None:
             problem: str | None = f"profile {profile.name} has no max_local_bsz for {key}"
         elif limit < profile.min_local_bsz:
@@ -328,7 +364,7 @@ def sbatch_argv(
     return [
         "sbatch",
         "--parsable",
-        *([] if named else [f"--job-name=sia-{app}"]),
+        *([] if named else [f"--job-name=sia-{app or 'job'}"]),
         *user_args,
         f"--partition={placement.partition}",
         f"--nodes={placement.nodes}",
@@ -361,7 +397,13 @@ def submit(
     if options.kind is JobKind.PINNED and options.gpu_type is None:
         raise UsageError("--kind pinned needs --gpu-type (the type it is pinned to)")
     app, profile, profile_field = load_job_profile(options)
-    profile_bytes = profile_document(options, profile) if profile_field is not None else b""
+    if profile is None:
+        check_profiling(options)
+    profile_bytes = (
+        profile_document(options, profile)
+        if profile is not None and profile_field is not None
+        else b""
+    )
     init_batch, max_batch = resolve_batch(options, profile)
     problems = type_problems(config, profile, options, gpus, init_batch, max_batch)
     placement = choose_placement(config, problems, options.gpu_type, gpus)

@@ -603,7 +603,10 @@ _STATUS = Bound(-(2**31), 2**31 - 1)
 
 FIELD_BOUNDS: dict[type, dict[str, Bound]] = {
     JobSpec: {
-        "app": _NAME,
+        "app": Bound(
+            pattern=re.compile(f"(?:{NAME.pattern})?"),
+            says=_NAME.says + ", or '' (a model profiled for this job alone)",
+        ),
         "init_batch_size": _BATCH0,
         "max_batch_size": _BATCH0,
         "min_gpus": _GPUS,

@@ -19,8 +19,9 @@ Nothing here reads a file: documents come from the snapshot, measured profiles f
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -114,7 +115,7 @@ class Profiling:
     given: dict[str, set[str]] = field(default_factory=dict)  # sia id -> profile types run on
     refusals: dict[str, int] = field(default_factory=dict)  # profile type -> documents refused
     said: str = ""  # the last refusal, for explain
-    seen: dict[str, str] = field(default_factory=dict)  # sia id -> its last document, as read
+    seen: dict[str, str] = field(default_factory=dict)  # sia id -> its last document's digest
 
     def to_json(self) -> dict[str, Any]:
         """This profiling as JSON (the controller's memory keeps it across restarts)."""
@@ -133,6 +134,7 @@ class Profiling:
             "given": {j: sorted(types) for j, types in self.given.items()},
             "refusals": dict(self.refusals),
             "said": self.said,
+            "seen": dict(self.seen),
         }
 
     @classmethod
@@ -152,6 +154,7 @@ class Profiling:
             given={str(j): {str(t) for t in types} for j, types in data["given"].items()},
             refusals={str(t): int(n) for t, n in data["refusals"].items()},
             said=str(data.get("said", "")),
+            seen={str(j): str(f) for j, f in data.get("seen", {}).items()},
         )
 
     # ---- what the job measured ---------------------------------------------------------------
@@ -167,7 +170,7 @@ class Profiling:
         was given and that are not measured yet, each checked; why it was refused (``""``
         when taken or unchanged). ``now_type`` is the profile type the job runs on: a refusal
         counts against it."""
-        text = repr(sorted(document.items()))
+        text = _fingerprint(document)
         if self.seen.get(sia_id) == text:
             return ""
         self.seen[sia_id] = text
@@ -246,8 +249,14 @@ class Profiling:
             "jobs": sorted(self.given),
             "by": who,
             "gpu_types": sorted(self.measured),
-            "written": time.time(),
         }
+
+
+def _fingerprint(document: Mapping[str, Any]) -> str:
+    """A short digest of a document as read, to tell a new one from the same one again
+    (kept across controller restarts: a refusal counts once per document)."""
+    text = json.dumps(document, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def provisional_estimator(
@@ -389,7 +398,7 @@ class Profiler:
         if current is not None:
             profiling.given.setdefault(job.sia_id, set()).add(current)
         if job.profiled_problem:
-            text = "problem:" + job.profiled_problem
+            text = _fingerprint({"problem": job.profiled_problem})
             if profiling.seen.get(job.sia_id) != text:
                 profiling.seen[job.sia_id] = text
                 profiling.said = job.profiled_problem

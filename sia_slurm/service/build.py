@@ -14,10 +14,12 @@ from pathlib import Path
 from sia_slurm.cluster import ClusterBackend
 from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, EstimatorFactory
+from sia_slurm.controller.profiling import Profiler
 from sia_slurm.model import ProfileError, load_profiles
 from sia_slurm.policy.base import Policy
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.state import RestoreNote, Store, load_memory
+from sia_slurm.state.profiles import ProfileStore
 
 BackendFactory = Callable[[SiaConfig], ClusterBackend]
 
@@ -64,10 +66,8 @@ def open_controller(
 ) -> tuple[Controller, list[RestoreNote]]:
     """The controller with the config's shares and the memory saved in ``store`` (fresh on
     the first run)."""
+    factory = estimator_factory(config, profiles_dir)
+    profiler = Profiler(ProfileStore(config.state_dir), factory)
     return load_memory(
-        store,
-        build_policy(config),
-        config.policy.name,
-        estimator_factory(config, profiles_dir),
-        config.shares,
+        store, build_policy(config), config.policy.name, factory, config.shares, profiler
     )

@@ -18,6 +18,9 @@ What a :class:`~sia_slurm.controller.Controller` remembers, and how it is kept:
   (an arbitrary object): pickled into a BLOB with a format number, the sia-slurm version and the
   policy name. If any of them differs, or the BLOB cannot be loaded, the controller starts
   fresh (no previous allocation) and says why;
+* the profilings under way (:mod:`sia_slurm.controller.profiling`: the types measured, what
+  each job was given, the documents refused), as JSON in ``meta`` under ``profilings``; a job
+  still profiling is re-admitted into its profiling at the next round;
 * the round index;
 * the fair-share usage ledger (:class:`~sia_slurm.policy.shares.UsageLedger`: each account's
   decayed GPU time held and owed), as JSON in ``meta`` under ``usage``: without it a
@@ -45,6 +48,7 @@ from typing import Any
 
 from sia_slurm import __version__
 from sia_slurm.controller import Controller, JobRecord
+from sia_slurm.controller.profiling import Profiler, Profiling
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
 from sia_slurm.model import JobGoodputEstimator
@@ -58,6 +62,7 @@ logger = logging.getLogger(__name__)
 MEMORY_FORMAT = 2  # 2: GavelState credits time per type (type_time); Allocation.hints_move_jobs
 DEFAULT_REPORTS_PER_SHAPE = 16
 USAGE_KEY = "usage"  # meta key of the usage ledger
+PROFILINGS_KEY = "profilings"  # meta key of the profilings under way (controller/profiling.py)
 PROFILE_KEY = "profile_document:"  # + sia id: a remembered job's own profile document
 
 _SAFE_BUILTINS = frozenset(
@@ -143,6 +148,9 @@ def save_memory(
         (PROFILE_KEY + "%", len(PROFILE_KEY) + 1),
     )
     store.set_meta(USAGE_KEY, controller.usage.to_json())
+    if controller.profiler is not None:
+        profilings = controller.profiler.profilings.values()
+        store.set_meta(PROFILINGS_KEY, [p.to_json() for p in profilings])
     conn.execute(
         "INSERT OR REPLACE INTO controller VALUES (1, ?, ?, ?, ?, ?, ?)",
         (
@@ -170,6 +178,7 @@ def load_memory(
     policy_name: str,
     estimator_for: Callable[[JobSpec], JobGoodputEstimator],
     shares: SharesConfig = EQUAL_USERS,
+    profiler: Profiler | None = None,
 ) -> tuple[Controller, list[RestoreNote]]:
     """A :class:`Controller` with the site's ``shares`` holding the memory saved in ``store``
     (fresh if there is none).
@@ -177,7 +186,7 @@ def load_memory(
     Parts that cannot be restored are left out and listed in the returned notes; a job left out
     is simply re-admitted as new at the next round.
     """
-    controller = Controller(policy, estimator_for, shares)
+    controller = Controller(policy, estimator_for, shares, profiler)
     notes: list[RestoreNote] = []
     row = store.conn.execute("SELECT * FROM controller WHERE id = 1").fetchone()
     if row is None:
@@ -186,6 +195,8 @@ def load_memory(
         controller.usage.restore(store.meta(USAGE_KEY, {}), f"{store.path}: meta.{USAGE_KEY}")
     except ValueError as exc:
         notes.append(RestoreNote("usage ledger", str(exc)))
+    if profiler is not None:
+        _restore_profilings(store, profiler, notes)
     controller.round_index = int(row["round_index"])
     previous, why = _previous_allocation(store, row, policy_name)
     controller.previous = previous
@@ -199,6 +210,8 @@ def load_memory(
         try:
             spec = from_json(JobSpec, job.spec, where)
             document = store.meta(PROFILE_KEY + job.sia_id)
+            if document is None and profiler is not None and _profiling(spec, profiler):
+                continue  # re-admitted next round, into its profiling (restored above)
             if document is None:
                 record = JobRecord(spec, estimator_for(spec))
             else:
@@ -220,6 +233,21 @@ def load_memory(
     for note in notes:
         logger.warning("restoring the controller: %s: %s; left out", note.what, note.reason)
     return controller, notes
+
+
+def _profiling(spec: JobSpec, profiler: Profiler) -> bool:
+    """Whether a job was profiling (no profile of its own, no shipped app)."""
+    return not spec.profile and spec.app not in profiler.factory.profiles.apps
+
+
+def _restore_profilings(store: Store, profiler: Profiler, notes: list[RestoreNote]) -> None:
+    for data in store.meta(PROFILINGS_KEY, []):
+        try:
+            profiling = Profiling.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            notes.append(RestoreNote("a profiling", f"{type(exc).__name__}: {exc}"))
+            continue
+        profiler.profilings[profiling.key] = profiling
 
 
 def _stored_reports(store: Store, notes: list[RestoreNote]) -> dict[str, list[tuple[int, Any]]]:

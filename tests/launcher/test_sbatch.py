@@ -225,7 +225,8 @@ def test_max_failures_goes_into_the_spec(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--app", "nosuch"], "--app nosuch: "),
+        (["--app", "nosuch"], "--app nosuch: no shipped profile (known apps: bert, cifar10"),
+        (["--batch-size", "32", "--min-gpus", "2"], "--min-gpus 2: a model without a profile"),
         (
             ["--app", "cifar10", "--min-gpus", "4", "--max-gpus", "2"],
             "--min-gpus 4 is greater than --max-gpus 2",
@@ -248,7 +249,7 @@ def test_max_failures_goes_into_the_spec(
         ),
         (["--app", "cifar10", "--kind", "pinned"], "--kind pinned needs --gpu-type"),
         (["--app", "cifar10", "--num-gpus", "6"], "6 GPUs do not fill whole nodes of 4"),
-        ([], "give --app NAME (a profile in profiles/) or --profile DIR"),
+        ([], "--batch-size: required for a model without a profile, which the scheduler"),
         (["--app", "cifar10", "-p", "t4"], "-p: sia-sbatch sets --partition itself"),
         (["--app", "cifar10", "--gpus-per-node=2"], "sets --gpus-per-node itself; the controller"),
         (["--app", "cifar10", "--hold"], "--hold: sia-sbatch sets --hold itself; remove it"),
@@ -270,6 +271,23 @@ def test_unknown_app_lists_the_known_ones(
 ) -> None:
     err = cli_error(["--config", str(config_path), "--app", "resnet", "--", "t.py"], capsys)
     assert "known apps: bert, cifar10" in err
+
+
+@pytest.mark.parametrize("app", [None, "mynet"])
+def test_a_model_without_a_profile_is_submitted_for_profiling(
+    config_path: Path, app: str | None
+) -> None:
+    """Neither --app of a shipped profile nor --profile: the scheduler profiles it
+    (docs/profiling.md); its largest batch defaults to M0, it may start on any type."""
+    config = load_config(config_path)
+    runner = FakeRunner()
+    sia_id, _ = submit(config, config_path, options(app=app, batch_size=32), [], runner)
+    paths = StatePaths(config.state_dir)
+    spec = read_document(JobSpec, paths.spec(sia_id))
+    assert (spec.app, spec.profile) == (app or "", None)
+    assert (spec.init_batch_size, spec.max_batch_size) == (32, 32)
+    assert not paths.profile(sia_id).exists()
+    assert f"--job-name=sia-{app or 'job'}" in runner.calls[0]
 
 
 def test_missing_command_and_missing_profile_dir(
