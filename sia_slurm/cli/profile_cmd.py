@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
 from sia_slurm.cli import CONTEXT_SETTINGS
+from sia_slurm.cli.controller_cmd import CONFIG_OPTION, echo_printable, load_config_or_exit
+from sia_slurm.config import resolve_config_path
 from sia_slurm.core import Configuration
 from sia_slurm.model.efficiency import NO_STATS, GradientStats
 from sia_slurm.model.estimator import JobGoodputEstimator
 from sia_slurm.model.profile import ProfileError, ProfileSet, default_profiles_dir, load_profiles
+from sia_slurm.model.profile_json import profile_from_json
+from sia_slurm.protocol import ProtocolError
+from sia_slurm.state.profiles import KeptProfile, ProfileStore, ProfileStoreError
 
 GROUP_HELP = """\
 Inspect throughput profiles of deep-learning models.
@@ -36,6 +42,16 @@ then whole nodes.
 With only 1-GPU seed data the model predicts linear scaling; network costs
 appear once a job has run on several GPUs. Without --grad-sqr/--grad-var the
 statistical efficiency assumes no benefit from batches larger than M0.
+"""
+
+
+FORGET_HELP = """\
+Forget a measured profile, so that the next job of APP is profiled again.
+
+\b
+Profiles measured by the scheduler (docs/profiling.md) are kept under the
+state directory, per Slurm account and app. Run as the controller's
+service account (it owns the state directory).
 """
 
 
@@ -111,6 +127,12 @@ def profile() -> None:
 )
 @click.option("--grad-sqr", type=click.FloatRange(min=0), help="Gradient statistic grad_sqr at M0.")
 @click.option("--grad-var", type=click.FloatRange(min=0), help="Gradient statistic grad_var at M0.")
+@click.option(
+    "--account",
+    default=None,
+    help="Show the profile measured for this Slurm account's jobs of APP (docs/profiling.md).",
+)
+@CONFIG_OPTION
 def show(
     app: str,
     profiles_dir: Path | None,
@@ -118,23 +140,36 @@ def show(
     max_nodes: int,
     grad_sqr: float | None,
     grad_var: float | None,
+    account: str | None,
+    config_path: Path | None,
 ) -> None:
     try:
         profiles = load_profiles(profiles_dir or default_profiles_dir())
-        app_profile = profiles.app(app)
     except ProfileError as exc:
         raise click.ClickException(str(exc)) from None
+    kept: KeptProfile | None = None
+    if account is None and app in profiles.apps:
+        app_profile = profiles.app(app)
+    else:
+        kept = _kept(app, account, config_path, profiles)
+        try:
+            app_profile = profile_from_json(kept.document, str(kept.path), profiles.gpu_types)
+        except ProtocolError as exc:
+            raise click.ClickException(str(exc)) from None
     if (grad_sqr is None) != (grad_var is None):
         raise click.UsageError("--grad-sqr and --grad-var go together: give both or neither")
     stats = NO_STATS if grad_sqr is None else GradientStats(grad_sqr, grad_var or 0.0)
     shape = _parse_gpus_per_node(gpus_per_node, profiles)
     estimator = JobGoodputEstimator.from_profile(app_profile, grad_stats=stats)
 
-    click.echo(f"{app_profile.name}: {app_profile.description}")
+    echo_printable(f"{app_profile.name}: {app_profile.description}")
+    source = f"profiles: {profiles.root}" if kept is None else f"kept in {kept.path}"
     click.echo(
         f"M0 {app_profile.init_batch_size}, max batch {app_profile.max_batch_size}, "
-        f"min local batch {app_profile.min_local_bsz}; profiles: {profiles.root}"
+        f"min local batch {app_profile.min_local_bsz}; {source}"
     )
+    if kept is not None:
+        echo_printable(_measured(kept))
     click.echo("\nThroughput model per GPU type (fitted to the seed profile; times in seconds):")
     header = ["TYPE", "MAX_LOCAL", "XPUT1/s", "ALPHA_C", "BETA_C", "ALPHA_R", "BETA_R"]
     header += ["ALPHA_N", "BETA_N", "GAMMA", "POINTS"]
@@ -178,3 +213,90 @@ def show(
     click.echo(_table(gpu_header, goodput_rows))
     click.echo("\nChosen batch size (global=local x micro-batches per GPU):")
     click.echo(_table(gpu_header, batch_rows))
+
+
+def _store(config_path: Path | None) -> ProfileStore:
+    return ProfileStore(load_config_or_exit(config_path).state_dir)
+
+
+def _kept(
+    app: str, account: str | None, config_path: Path | None, profiles: ProfileSet
+) -> KeptProfile:
+    """The measured profile of ``app`` for ``account`` (the only account that has one when
+    not given), or a :class:`click.ClickException` saying what there is."""
+    resolved = resolve_config_path(config_path)
+    if not resolved.exists():
+        try:
+            profiles.app(app)
+        except ProfileError as exc:
+            raise click.ClickException(
+                f"{exc}; measured profiles are found through the controller's config, and "
+                f"{resolved} does not exist (give --config)"
+            ) from None
+    store = _store(resolved)
+    try:
+        if account is None:
+            accounts = store.accounts_of(app)
+            if len(accounts) != 1:
+                shipped = ", ".join(sorted(profiles.apps))
+                raise click.ClickException(
+                    f"{app}: no shipped profile ({shipped}) and "
+                    + (
+                        f"measured ones for accounts {', '.join(a or '(none)' for a in accounts)}:"
+                        " give --account"
+                        if accounts
+                        else f"none measured under {store.root}"
+                    )
+                )
+            account = accounts[0]
+        kept = store.read(account, app)
+    except ProfileStoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    if kept is None:
+        raise click.ClickException(
+            f"{app}: no profile measured for account {account or '(none)'} under {store.root}"
+        )
+    return kept
+
+
+def _measured(kept: KeptProfile) -> str:
+    """When, where and how long a kept profile was measured."""
+    meta = kept.meta
+    when = meta.get("measured_at")
+    at = (
+        datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if isinstance(when, int | float)
+        else "?"
+    )
+    seconds = meta.get("seconds")
+    took = f"{seconds:.0f} s" if isinstance(seconds, int | float) else "?"
+    types = ", ".join(str(t) for t in meta.get("gpu_types", ()))
+    return (
+        f"measured {at} by {meta.get('by', '?')} on {types or '?'} in {took} "
+        f"(account {kept.account or '(none)'})"
+    )
+
+
+@profile.command(help=FORGET_HELP)
+@click.argument("app")
+@click.option("--account", default="", help="The Slurm account whose profile to drop.")
+@CONFIG_OPTION
+def forget(app: str, account: str, config_path: Path | None) -> None:
+    store = _store(config_path)
+    try:
+        dropped = store.forget(account, app)
+    except ProfileStoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(
+            f"{store.path(account, app)}: cannot remove: {exc.strerror or exc} (run it as the "
+            "controller's service account)"
+        ) from None
+    if not dropped:
+        raise click.ClickException(
+            f"{app}: no profile measured for account {account or '(none)'} under {store.root}"
+        )
+    click.echo(
+        f"{app}: measured profile of account {account or '(none)'} forgotten; the next job "
+        "of it is profiled again"
+    )

@@ -11,6 +11,7 @@ have.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,10 @@ class ProfileStore:
     def read(self, account: str, app: str) -> KeptProfile | None:
         """The kept profile with its meta; :class:`ProfileStoreError` if it is unreadable."""
         path = self.path(account, app)
+        if not os.path.lexists(path):
+            return None
         try:
             data = read_json(path)
-        except FileNotFoundError:
-            return None
         except (OSError, ValueError) as exc:
             raise ProfileStoreError(f"{path}: {exc}") from None
         document, meta = data.get("document"), data.get("meta", {})

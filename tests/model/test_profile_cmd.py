@@ -76,3 +76,46 @@ def test_help_reads_like_a_man_page_summary() -> None:
     assert result.exit_code == 0
     assert "Show a model's fitted throughput and projected goodput" in result.output
     assert "--gpus-per-node TYPE=N" in result.output
+
+
+def test_a_measured_profile_is_shown_and_forgotten(tmp_path: Path) -> None:
+    """A profile the scheduler measured (docs/profiling.md) is found through the config's
+    state directory, shown like a shipped one with when, where and how long it was measured,
+    and forgotten on request."""
+    import json
+    from dataclasses import replace
+
+    from sia_slurm.model import load_profiles
+    from sia_slurm.model.profile_json import profile_to_json
+    from sia_slurm.state.profiles import ProfileStore
+
+    config = tmp_path / "sia.yaml"
+    config.write_text(
+        f"state_dir: {tmp_path / 'state'}\npartitions:\n  t4: {{gpu_type: t4, gpus_per_node: 4}}\n"
+    )
+    document = profile_to_json(replace(load_profiles().app("ncf"), name="mynet"))
+    meta = {"measured_at": 0.0, "seconds": 95.0, "by": "job s1", "gpu_types": ["dgx", "t4"]}
+    ProfileStore(tmp_path / "state").put("physics", "mynet", document, meta)
+    runner = CliRunner()
+    shown = runner.invoke(profile, ["show", "mynet", "--config", str(config)])
+    assert shown.exit_code == 0, shown.output
+    assert "measured 1970-01-01 00:00:00 UTC by job s1 on dgx, t4 in 95 s (account physics)" in (
+        shown.output
+    )
+    assert "Projected goodput" in shown.output
+    assert json.loads((tmp_path / "state/profiles/physics/mynet.json").read_text())["meta"] == meta
+    other = runner.invoke(
+        profile, ["show", "mynet", "--account", "biology", "--config", str(config)]
+    )
+    assert other.exit_code == 1 and "no profile measured for account biology" in other.output
+    gone = runner.invoke(
+        profile, ["forget", "mynet", "--account", "physics", "--config", str(config)]
+    )
+    assert gone.exit_code == 0 and "the next job of it is profiled again" in gone.output
+    assert not (tmp_path / "state/profiles/physics/mynet.json").exists()
+    again = runner.invoke(
+        profile, ["forget", "mynet", "--account", "physics", "--config", str(config)]
+    )
+    assert again.exit_code == 1 and "no profile measured" in again.output
+    hostile = runner.invoke(profile, ["forget", "../x", "--config", str(config)])
+    assert hostile.exit_code == 1 and "app: expected a name" in hostile.output

@@ -197,3 +197,38 @@ def test_a_jobs_own_profile_and_the_last_quarantine_survive_a_restart(
     with store.transaction():
         save_memory(store, controller, "gavel", [], 1, 1.0)
     assert store.meta("profile_document:own") is None
+
+
+def test_a_profiling_under_way_survives_a_restart(factory: EstimatorFactory, store: Store) -> None:
+    """A controller run once per round (cron) continues a profiling where the last process
+    left it: the types measured, what each job was given and the documents already refused
+    (one refused document counts once, however many processes read it)."""
+    from sia_slurm.controller.profiling import MemoryProfileBook, Profiler
+
+    job = JobSpec("p1", "mynet", init_batch_size=32, max_batch_size=128)
+    bad = {"format": 1, "app": "mynet"}  # refused: fields missing
+
+    def process(round_index: int, snapshot: ClusterSnapshot) -> Controller:
+        profiler = Profiler(MemoryProfileBook(), factory)
+        controller, notes = load_memory(
+            store, make_policy("sia"), "sia", factory, profiler=profiler
+        )
+        assert notes == []
+        outcome = controller.round(snapshot)
+        with store.transaction():
+            store.record_jobs(snapshot)
+            store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+            save_memory(store, controller, "sia", [], round_index, snapshot.time)
+        return controller
+
+    process(0, ClusterSnapshot(0.0, NODES, (JobSnapshot(job, JobPhase.PENDING),)))
+    running = JobSnapshot(
+        job, JobPhase.RUNNING, config=Configuration("t4", 1, 1),
+        placement=(NodeShare("t4-1", 1),), profiled_document=bad,
+    )  # fmt: skip
+    for round_index in (1, 2, 3):
+        controller = process(round_index, ClusterSnapshot(60.0 * round_index, NODES, (running,)))
+    assert controller.jobs["p1"].profiling == ("", "mynet")
+    (profiling,) = controller.profiler.profilings.values()  # type: ignore[union-attr]
+    assert profiling.given == {"p1": {"t4"}}
+    assert profiling.refusals == {"t4": 1}
