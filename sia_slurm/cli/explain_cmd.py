@@ -26,6 +26,7 @@ from sia_slurm.cli.controller_cmd import (
 )
 from sia_slurm.cli.status_cmd import live_snapshot
 from sia_slurm.cluster import JobPhase
+from sia_slurm.controller.profiling import PROFILING_NOTE
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import ClusterView, JobView, NodeShare, restart_factor
@@ -136,6 +137,12 @@ def explain(
             + (f" ({d.note})" if d.note else "")
         )
     record = controller.jobs.get(job_id)
+    if record is None and decided is not None and decided[1].note.startswith(PROFILING_NOTE):
+        echo_printable(
+            "its model is profiled first (docs/profiling.md): one GPU of each type it has "
+            "not been measured on; its goodput model is built when every type is measured"
+        )
+        return
     if record is None:
         echo_printable(
             "the controller does not model this job any more (finished or never admitted)"

@@ -27,6 +27,7 @@ from sia_slurm.cli.controller_cmd import (
 )
 from sia_slurm.cluster import ClusterSnapshot
 from sia_slurm.config import SiaConfig
+from sia_slurm.controller.profiling import PROFILING_NOTE
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.slurm.accounting import accounted_gpu_hours
 from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
@@ -160,6 +161,16 @@ def quarantined_last_round(store: Store) -> dict[str, str]:
     return {s: d.note for s, d in sorted(decided.items()) if d.action == QUARANTINED}
 
 
+def profiling_last_round(store: Store) -> dict[str, str]:
+    """The jobs the last round saw profiling (sia id -> where it stands: types measured, to
+    measure, waiting for another job's profiling): docs/profiling.md."""
+    last = store.last_round()
+    if last is None:
+        return {}
+    decided = store.decisions(last.round_index)
+    return {s: d.note for s, d in sorted(decided.items()) if d.note.startswith(PROFILING_NOTE)}
+
+
 def _batch_text(batch: dict[str, Any] | None) -> str:
     if not batch:
         return "-"
@@ -223,6 +234,7 @@ def status(
         gpus = gpu_table(store, snapshot)
         jobs = job_lines(store, snapshot, show_all)
         quarantined = quarantined_last_round(store)
+        profiling = profiling_last_round(store)
     accounted = None if offline else accounted_hours(config)
     if accounted is not None:
         jobs = [replace(j, accounted_gpu_hours=accounted.get(j.sia_id, 0.0)) for j in jobs]
@@ -242,6 +254,7 @@ def status(
                     "given_up_actions": given_up,
                     "lost_submissions": lost,
                     "quarantined": quarantined,
+                    "profiling": profiling,
                     "shares": shares,
                     "gpu_types": gpus,
                     "jobs": [asdict(line) for line in jobs],
@@ -299,6 +312,10 @@ def status(
         click.echo()
     for j in said:  # why a job failed, or waits (Slurm's reason for a released job)
         echo_printable(f"{j.sia_id} {j.phase}: {j.message}")
+    if profiling:
+        click.echo()
+    for sia_id, where in profiling.items():  # a new model measured on each GPU type
+        echo_printable(f"{sia_id} {where}")
     if quarantined:
         click.echo()
     for sia_id, reason in quarantined.items():  # sat the last round out: its own failure

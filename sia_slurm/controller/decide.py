@@ -177,6 +177,7 @@ class Controller:
             raise exc.cause from None
         live = decided.live
         actions, decisions = self._diff(live, decided.allocation, decided.placement)
+        decisions = [self._with_profiling(d) for d in decisions]
         decisions += [_decision(job, "wait", "-", None, note) for job, note in waiting]
         decisions += [
             Decision(sia_id, phase, QUARANTINED, held, "-", note=reason)
@@ -447,6 +448,14 @@ class Controller:
             placement=job.placement if holds else (),
             restoring=job.phase is JobPhase.STARTING,
         )
+
+    def _with_profiling(self, decision: Decision) -> Decision:
+        """``decision`` with where its job's profiling stands as its note, if it profiles."""
+        record = self.jobs.get(decision.sia_id)
+        if self.profiler is None or record is None or record.profiling is None:
+            return decision
+        note = self.profiler.describe(record)
+        return replace(decision, note=f"{note}; {decision.note}" if decision.note else note)
 
     def _sweep(self, job: JobSnapshot) -> tuple[int, ...]:
         """The per-GPU batches ``job``'s next run measures (none unless it profiles)."""

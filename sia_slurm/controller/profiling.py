@@ -43,6 +43,7 @@ SWEEP_SPREAD = 16
 # A type whose measured document was refused this many times holds the job (it is quarantined
 # with the reason) instead of being measured again.
 MAX_REFUSALS = 2
+PROFILING_NOTE = "profiling:"  # how a profiling job's decision note begins (status shows it)
 OWN = ""  # the account part of the key of a job that profiles for itself alone (no app)
 
 logger = logging.getLogger(__name__)
@@ -280,6 +281,7 @@ def provisional_estimator(
 __all__ = [
     "MAX_REFUSALS",
     "OWN",
+    "PROFILING_NOTE",
     "SWEEP_SPREAD",
     "MemoryProfileBook",
     "ProfileBook",
@@ -373,7 +375,7 @@ class Profiler:
                 record = records[job.sia_id]
                 if job is not jobs[0] and not job.phase.holds_gpus:
                     waiting[job.sia_id] = (
-                        f"profiling: waits for job {jobs[0].sia_id}'s profile of {key[1]}"
+                        f"{PROFILING_NOTE} waits for job {jobs[0].sia_id}'s profile of {key[1]}"
                     )
                     continue
                 current = self._now_type(job)
@@ -386,6 +388,16 @@ class Profiler:
                     )
                     record.profile_types = allowed
         return waiting, held
+
+    def describe(self, record: JobRecord) -> str:
+        """Where ``record``'s profiling stands, for its decision (status, explain)."""
+        profiling = self.profilings.get(record.profiling) if record.profiling else None
+        if profiling is None:
+            return ""
+        measured = ", ".join(sorted(profiling.measured)) or "none"
+        left = ", ".join(sorted(record.profile_types or ())) or "-"
+        said = f"; last refused: {profiling.said}" if profiling.said else ""
+        return f"{PROFILING_NOTE} measured {measured}; to measure {left}{said}"
 
     def _now_type(self, job: JobSnapshot) -> str | None:
         if job.phase.holds_gpus and job.config is not None:

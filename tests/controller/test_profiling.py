@@ -104,6 +104,8 @@ def test_a_new_model_is_profiled_type_by_type_then_scheduled(factory: EstimatorF
     # While it sweeps, nothing is measured: it keeps its GPU.
     outcome = ctl.round(ClusterSnapshot(60.0, NODES, (on(job, first),)))
     assert outcome.actions == ()
+    (decision,) = outcome.decisions
+    assert decision.note == "profiling: measured none; to measure a100, t4"
     assert ctl.jobs["new"].profiling == ("physics", "mynet")
 
     # Its first type measured, it moves to one GPU of the other, measuring again.

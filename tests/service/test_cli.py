@@ -241,7 +241,7 @@ def test_status_and_explain_show_a_quarantined_job_and_why(
     config, cluster = setup
     cluster.submit(JobSpec("train-c", "nosuchmodel", submit_time=0.0), work=1e7)
     rounds(config, cluster, 1)
-    said = "fit: job train-c: app: "
+    said = "fit: job train-c: a model without a profile is profiled, which needs its initial"
     text = invoke(cluster, "status", "--config", str(config)).output
     (line,) = [line for line in text.splitlines() if line.startswith("train-c quarantined")]
     assert line.startswith(f"train-c quarantined (last round): {said}")
