@@ -169,7 +169,7 @@ class Controller:
         quarantine = Quarantine.from_snapshot(snapshot)
         taken: list[MetricsReport] = []
         live, rejected = self._observe(snapshot, quarantine, taken)
-        live, waiting = self._profile(snapshot, live, quarantine)
+        live, waiting = self._profile(snapshot, live)
         t1 = time.perf_counter()
         try:
             decided = self._decide_isolating(snapshot, live, quarantine)
@@ -361,20 +361,18 @@ class Controller:
         return JobRecord(job.spec, self._build_estimator(job), job.profile_document)
 
     def _profile(
-        self, snapshot: ClusterSnapshot, live: list[JobSnapshot], quarantine: Quarantine
+        self, snapshot: ClusterSnapshot, live: list[JobSnapshot]
     ) -> tuple[list[JobSnapshot], list[tuple[JobSnapshot, str]]]:
         """Take in what profiling jobs measured (:mod:`sia_slurm.controller.profiling`): the
         live jobs left to decide, and those waiting for another job's profiling (with why).
-        A job whose measurements were refused too often is quarantined (stage ``profile``)."""
+        A job whose measurements were refused too often is held: it is offered no GPU type
+        (its decision says why)."""
         if self.profiler is None:
             return live, []
         site_types = {node.gpu_type for node in snapshot.nodes}
-        waits, held = self.profiler.round(live, self.jobs, site_types, snapshot.time)
-        for job in live:
-            if job.sia_id in held:
-                quarantine.add(job, "profile", held[job.sia_id])
+        waits = self.profiler.round(live, self.jobs, site_types, snapshot.time)
         waiting = [(job, waits[job.sia_id]) for job in live if job.sia_id in waits]
-        return [j for j in live if j.sia_id not in waits and not quarantine.holds(j)], waiting
+        return [j for j in live if j.sia_id not in waits], waiting
 
     def _build_estimator(self, job: JobSnapshot) -> JobGoodputEstimator:
         """The job's goodput model, from its own profile document when it brought one (a

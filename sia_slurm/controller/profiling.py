@@ -44,6 +44,7 @@ SWEEP_SPREAD = 16
 # with the reason) instead of being measured again.
 MAX_REFUSALS = 2
 PROFILING_NOTE = "profiling:"  # how a profiling job's decision note begins (status shows it)
+DEADLINE_S = 900.0  # seconds a profiling run may take to measure its type
 OWN = ""  # the account part of the key of a job that profiles for itself alone (no app)
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,11 @@ class Profiling:
     refusals: dict[str, int] = field(default_factory=dict)  # profile type -> documents refused
     said: str = ""  # the last refusal, for explain
     seen: dict[str, str] = field(default_factory=dict)  # sia id -> its last document's digest
+    # sia id -> the run (restarts, profile type) whose measurement was last refused: it is
+    # measured again in another run
+    refused_run: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # sia id -> (restarts, profile type, since when) of the run it is on
+    on_since: dict[str, tuple[int, str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """This profiling as JSON (the controller's memory keeps it across restarts)."""
@@ -136,6 +142,8 @@ class Profiling:
             "refusals": dict(self.refusals),
             "said": self.said,
             "seen": dict(self.seen),
+            "refused_run": {j: list(run) for j, run in self.refused_run.items()},
+            "on_since": {j: list(run) for j, run in self.on_since.items()},
         }
 
     @classmethod
@@ -156,6 +164,13 @@ class Profiling:
             refusals={str(t): int(n) for t, n in data["refusals"].items()},
             said=str(data.get("said", "")),
             seen={str(j): str(f) for j, f in data.get("seen", {}).items()},
+            refused_run={
+                str(j): (int(r), str(t)) for j, (r, t) in data.get("refused_run", {}).items()
+            },
+            on_since={
+                str(j): (int(r), str(t), float(since))
+                for j, (r, t, since) in data.get("on_since", {}).items()
+            },
         )
 
     # ---- what the job measured ---------------------------------------------------------------
@@ -165,12 +180,12 @@ class Profiling:
         sia_id: str,
         document: Mapping[str, Any],
         gpu_types: Collection[str],
-        now_type: str | None,
+        run: tuple[int, str] | None,
     ) -> str:
         """Take the types of ``document`` (job ``sia_id``'s ``profiled.json``) that the job
         was given and that are not measured yet, each checked; why it was refused (``""``
-        when taken or unchanged). ``now_type`` is the profile type the job runs on: a refusal
-        counts against it."""
+        when taken or unchanged). ``run`` is the job's run (restarts, profile type): a
+        refusal counts against its type, and that run is not offered the type again."""
         text = _fingerprint(document)
         if self.seen.get(sia_id) == text:
             return ""
@@ -190,9 +205,7 @@ class Profiling:
             if problems:
                 raise ProtocolError(f"{where}: {'; '.join(problems)}")
         except (ProtocolError, ValueError) as exc:
-            if now_type is not None:
-                self.refusals[now_type] = self.refusals.get(now_type, 0) + 1
-            self.said = str(exc)
+            self.refuse(sia_id, run, str(exc))
             return self.said
         for gpu_type in new:
             points = tuple(
@@ -203,9 +216,16 @@ class Profiling:
             self.measured[gpu_type] = (profile.max_local_bsz[gpu_type], points)
         return ""
 
-    def held(self, gpu_type: str | None) -> bool:
-        """Whether a type's documents were refused too often to measure it again."""
-        return gpu_type is not None and self.refusals.get(gpu_type, 0) >= MAX_REFUSALS
+    def refuse(self, sia_id: str, run: tuple[int, str] | None, why: str) -> None:
+        """Count a refused measurement against the run's type, and say why."""
+        self.said = why
+        if run is not None:
+            self.refusals[run[1]] = self.refusals.get(run[1], 0) + 1
+            self.refused_run[sia_id] = run
+
+    def held_types(self) -> list[str]:
+        """The types refused too often to measure them again: the profiling is held."""
+        return sorted(t for t, n in self.refusals.items() if n >= MAX_REFUSALS)
 
     # ---- the profile -------------------------------------------------------------------------
 
@@ -304,6 +324,9 @@ class Profiler:
     book: ProfileBook
     factory: EstimatorFactory
     profilings: dict[ProfileKey, Profiling] = field(default_factory=dict)
+    # A profiling run that has measured nothing this long after its start is refused (a
+    # script without the elastic wrappers never writes profiled.json).
+    deadline_s: float = DEADLINE_S
 
     def needs(self, job: JobSnapshot) -> bool:
         """Whether ``job`` brings no profile and names no shipped app."""
@@ -346,10 +369,10 @@ class Profiler:
         records: Mapping[str, JobRecord],
         site_types: Collection[str],
         now: float,
-    ) -> tuple[dict[str, str], dict[str, str]]:
+    ) -> dict[str, str]:
         """Take in what the profiling jobs of ``live`` measured; finish the profilings that have
-        every type of ``site_types``. Returns the jobs that wait for another's profiling (sia id
-        -> why) and those held for documents refused too often (sia id -> why)."""
+        every type of ``site_types``; set each profiling job's model and GPU types. Returns
+        the jobs that wait for another job's profiling (sia id -> why)."""
         by_key: dict[ProfileKey, list[JobSnapshot]] = {}
         for job in live:
             key = records[job.sia_id].profiling
@@ -359,35 +382,53 @@ class Profiler:
             del self.profilings[gone]  # no job left to profile it: a later one starts afresh
         required = {self.profile_type(t) for t in site_types}
         waiting: dict[str, str] = {}
-        held: dict[str, str] = {}
         for key, jobs in by_key.items():
             profiling = self.profilings[key]
             for job in jobs:
-                self._take(profiling, job)
+                self._take(profiling, job, now)
             missing = profiling.missing(required)
             kept = self.book.get(*key) if key[0] != OWN else None
             if kept is not None or not missing:
                 self._finish(profiling, jobs, records, kept, required, now)
                 continue
             jobs.sort(key=lambda j: (j.spec.submit_time, j.sia_id))
-            allowed = frozenset(t for t in site_types if self.profile_type(t) in missing)
             for job in jobs:
-                record = records[job.sia_id]
                 if job is not jobs[0] and not job.phase.holds_gpus:
                     waiting[job.sia_id] = (
                         f"{PROFILING_NOTE} waits for job {jobs[0].sia_id}'s profile of {key[1]}"
                     )
                     continue
-                current = self._now_type(job)
-                if profiling.held(current):
-                    held[job.sia_id] = f"profiling refused {MAX_REFUSALS} times: {profiling.said}"
-                    continue
-                if record.profile_types != allowed:
-                    record.estimator = provisional_estimator(
-                        profiling.limits, missing, self.factory.type_aliases
-                    )
-                    record.profile_types = allowed
-        return waiting, held
+                self._offer(profiling, job, records[job.sia_id], site_types, missing)
+        return waiting
+
+    def _offer(
+        self,
+        profiling: Profiling,
+        job: JobSnapshot,
+        record: JobRecord,
+        site_types: Collection[str],
+        missing: list[str],
+    ) -> None:
+        """The GPU types ``job`` may run on: one not measured yet, not the one whose
+        measurement this very run had refused (it is measured again in another run), none
+        once a type was refused :data:`MAX_REFUSALS` times (held: it waits, with the reason)."""
+        if profiling.held_types():
+            allowed: frozenset[str] = frozenset()
+        else:
+            allowed = frozenset(t for t in site_types if self.profile_type(t) in missing)
+            current = self._now_type(job)
+            if current is not None and profiling.refused_run.get(job.sia_id) == (
+                job.restarts,
+                current,
+            ):
+                assert job.config is not None
+                allowed -= {job.config.gpu_type}
+        if record.profile_types != allowed:
+            types = sorted({self.profile_type(t) for t in allowed}) or missing
+            record.estimator = provisional_estimator(
+                profiling.limits, types, self.factory.type_aliases
+            )
+            record.profile_types = allowed
 
     def describe(self, record: JobRecord) -> str:
         """Where ``record``'s profiling stands, for its decision (status, explain)."""
@@ -395,6 +436,11 @@ class Profiler:
         if profiling is None:
             return ""
         measured = ", ".join(sorted(profiling.measured)) or "none"
+        if profiling.held_types():
+            return (
+                f"{PROFILING_NOTE} held: measurements refused {MAX_REFUSALS} times "
+                f"({profiling.said}); submit it again, or with a profile"
+            )
         left = ", ".join(sorted(record.profile_types or ())) or "-"
         said = f"; last refused: {profiling.said}" if profiling.said else ""
         return f"{PROFILING_NOTE} measured {measured}; to measure {left}{said}"
@@ -404,25 +450,39 @@ class Profiler:
             return self.profile_type(job.config.gpu_type)
         return None
 
-    def _take(self, profiling: Profiling, job: JobSnapshot) -> None:
-        """Record the type ``job`` runs on as given, and take in its document."""
+    def _take(self, profiling: Profiling, job: JobSnapshot, now: float) -> None:
+        """Record the type ``job`` runs on as given, take in its document, and refuse a run
+        that measured nothing within :attr:`deadline_s` of its start."""
         current = self._now_type(job)
-        if current is not None:
-            profiling.given.setdefault(job.sia_id, set()).add(current)
+        run = (job.restarts, current) if current is not None else None
+        if run is not None:
+            profiling.given.setdefault(job.sia_id, set()).add(run[1])
+            since = profiling.on_since.get(job.sia_id)
+            if since is None or (since[0], since[1]) != run:
+                profiling.on_since[job.sia_id] = (run[0], run[1], now)
         if job.profiled_problem:
-            text = _fingerprint({"problem": job.profiled_problem})
-            if profiling.seen.get(job.sia_id) != text:
-                profiling.seen[job.sia_id] = text
-                profiling.said = job.profiled_problem
-                if current is not None:
-                    profiling.refusals[current] = profiling.refusals.get(current, 0) + 1
-            return
-        if job.profiled_document is not None:
+            document: Mapping[str, Any] = {"unreadable": job.profiled_problem}
+            if profiling.seen.get(job.sia_id) != _fingerprint(document):
+                profiling.seen[job.sia_id] = _fingerprint(document)
+                profiling.refuse(job.sia_id, run, job.profiled_problem)
+        elif job.profiled_document is not None:
             why = profiling.take(
-                job.sia_id, job.profiled_document, self.factory.profiles.gpu_types, current
+                job.sia_id, job.profiled_document, self.factory.profiles.gpu_types, run
             )
             if why:
                 logger.warning("job %s: profile refused: %s", job.sia_id, why)
+        if run is None or run[1] in profiling.measured:
+            return
+        if profiling.refused_run.get(job.sia_id) == run:
+            return
+        started = profiling.on_since[job.sia_id][2]
+        if now - started > self.deadline_s:
+            profiling.refuse(
+                job.sia_id,
+                run,
+                f"nothing measured on {run[1]} within {self.deadline_s:.0f} s of the run's "
+                f"start (does the script train with sia-slurm's elastic wrappers?)",
+            )
 
     def _finish(
         self,

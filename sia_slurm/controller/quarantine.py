@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sia_slurm.cluster import ClusterSnapshot, JobSnapshot
 from sia_slurm.core import NodeView
 
-STAGES = ("read", "fit", "profile", "estimate", "allocate", "place", "actuate")
+STAGES = ("read", "fit", "estimate", "allocate", "place", "actuate")
 QUARANTINED = "quarantined"  # a Decision's action for a job that sat the round out
 # The most jobs one round quarantines for failing the policy or the placement; past that the
 # failure is the round's (a bug of the policy, not one job's data) and propagates.

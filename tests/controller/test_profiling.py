@@ -224,19 +224,45 @@ def test_a_hostile_document_is_refused_and_the_job_measured_again_then_held(
     ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
     profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
     outcome = ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=document),)))
-    assert said in profiling.said
-    assert profiling.measured == {}
-    assert not any(d.action == QUARANTINED for d in outcome.decisions)
-    # The same document again is not a new refusal; a new bad one is, up to the limit.
+    assert said in profiling.said and profiling.measured == {}
+    assert profiling.refusals == {"t4": 1}
+    # Not measured again in the run it lied in: it goes to the other type (no quarantine).
+    (move,) = outcome.actions
+    assert isinstance(move, Move) and move.config.gpu_type == "a100" and move.profile_sweep
+    (decision,) = outcome.decisions
+    assert decision.note.startswith("profiling: measured none; to measure a100; last refused: ")
+    # The same document read again is not a new refusal.
     ctl.round(ClusterSnapshot(120.0, NODES, (on(job, "t4", profiled_document=document),)))
     assert profiling.refusals == {"t4": 1}
-    for n in range(2, MAX_REFUSALS + 1):
-        again = {**document, "description": f"try {n}"}
-        outcome = ctl.round(
-            ClusterSnapshot(60.0 * n + 120, NODES, (on(job, "t4", profiled_document=again),))
-        )
+    # Measured again on t4 in a later run, refused again: held, with the reason, no GPUs.
+    again = {**document, "description": "try 2"}
+    back = on(job, "t4", profiled_document=again, restarts=2)
+    outcome = ctl.round(ClusterSnapshot(180.0, NODES, (back,)))
+    assert profiling.refusals == {"t4": MAX_REFUSALS}
     (decision,) = outcome.decisions
-    assert decision.action == QUARANTINED and decision.note.startswith("profile: profiling refused")
+    assert decision.action == "stop" and decision.note.startswith("profiling: held: ")
+    outcome = ctl.round(ClusterSnapshot(240.0, NODES, (pending(job, restarts=3),)))
+    assert outcome.actions == () and outcome.decisions[0].action == "wait"
+
+
+def test_a_run_that_measures_nothing_is_refused_after_the_deadline(
+    factory: EstimatorFactory,
+) -> None:
+    """A script without the elastic wrappers never writes profiled.json: its run is refused
+    after the deadline, so profiling can neither hold a GPU forever nor hang."""
+    ctl = controller(factory)
+    ctl.profiler.deadline_s = 100.0  # type: ignore[union-attr]
+    job = spec()
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4"),)))
+    outcome = ctl.round(ClusterSnapshot(150.0, NODES, (on(job, "t4"),)))
+    assert outcome.actions == ()
+    outcome = ctl.round(ClusterSnapshot(161.0, NODES, (on(job, "t4"),)))
+    profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
+    assert profiling.refusals == {"t4": 1}
+    assert "nothing measured on t4 within 100 s" in profiling.said
+    (move,) = outcome.actions
+    assert isinstance(move, Move) and move.config.gpu_type == "a100"
 
 
 def test_an_unreadable_document_counts_as_refused(factory: EstimatorFactory) -> None:
@@ -247,6 +273,7 @@ def test_an_unreadable_document_counts_as_refused(factory: EstimatorFactory) -> 
     ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_problem=problem),)))
     profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
     assert profiling.refusals == {"t4": 1} and profiling.said == problem
+    assert profiling.refused_run == {"new": (0, "t4")}
 
 
 def test_without_a_profiler_an_unknown_app_is_refused_as_before(factory: EstimatorFactory) -> None:

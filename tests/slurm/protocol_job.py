@@ -21,6 +21,11 @@ Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protoc
   ``--finish-file F`` once F exists (training done when the test says so); with
   ``--fail-at N`` exits 1 when the counter reaches N (the user's code fails);
 * leaves ``jobs/<id>/exit-<run>.json`` as sia-launch does, saying how the run ended;
+* on a profiling run (the assignment's ``profile_sweep``, docs/profiling.md) with
+  ``--seed-profile``, writes ``jobs/<id>/profiled.json`` after ``--sweep-s`` seconds: the seed
+  profile's step times at each batch of the sweep it holds, for every type measured so far
+  (kept in ``profiled-state.json``, as a trainer keeps them in its checkpoint); with
+  ``--profiled-doc FILE`` it writes that file's content instead (a hostile job);
 * reports a step time that falls with more GPUs (``0.1 + 0.4 / gpus``), or with
   ``--seed-profile CSV`` what a real app would: the 1-GPU step time of its seed profile
   (``profiles/<app>/seed.csv``) at the assigned local batch, plus an all-reduce time that
@@ -113,7 +118,11 @@ class ProtocolJob:
         profile: SeedProfile | None = None,
         fail_at: int | None = None,
         exit_delay: float = 0.0,
+        sweep_s: float = 1.0,
+        profiled_doc: Path | None = None,
     ) -> None:
+        self.sweep_s = sweep_s
+        self.profiled_doc = profiled_doc
         self.paths = paths
         self.sia_id = sia_id
         self.steps = steps
@@ -195,7 +204,12 @@ class ProtocolJob:
     def _loop(self, assignment: Assignment) -> tuple[int, ExitCause]:
         last_report = 0.0
         launch_round = assignment.round_index
+        started = time.time()
+        swept = not assignment.profile_sweep
         while not self.terminated:
+            if not swept and time.time() - started >= self.sweep_s:
+                self._write_profiled(assignment)
+                swept = True
             stop = self._stop_request()
             if stop is not None and stop.round_index > launch_round:
                 return self._stop(stop)
@@ -283,6 +297,40 @@ class ProtocolJob:
             return latest
         return assignment
 
+    def _write_profiled(self, assignment: Assignment) -> None:
+        """What a profiling run measured, as the job side writes it (docs/profiling.md)."""
+        if self.profiled_doc is not None:
+            self.paths.profiled(self.sia_id).write_bytes(self.profiled_doc.read_bytes())
+            self.log("profiled", gpu_type=assignment.gpu_type, hostile=True)
+            return
+        if self.profile is None:
+            return
+        state_path = self.paths.job_dir(self.sia_id) / "profiled-state.json"
+        state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        name = self.profile.aliases.get(assignment.gpu_type, assignment.gpu_type)
+        largest = self.profile.points[name][-1][0]
+        fits = [b for b in assignment.profile_sweep if b <= largest] or [
+            assignment.profile_sweep[0]
+        ]
+        state[name] = [[b, self.profile.step_time(assignment.gpu_type, b)] for b in fits]
+        write_json_atomic(state_path, state)
+        document = {
+            "format": 1,
+            "app": "protocol-job",
+            "init_batch_size": assignment.batch_size,
+            "max_batch_size": max(assignment.batch_size, fits[-1]),
+            "min_local_bsz": assignment.profile_sweep[0],
+            "max_local_bsz": {t: points[-1][0] for t, points in state.items()},
+            "seed": [
+                {"gpu_type": t, "local_bsz": b, "placement": "1", "step_time": step,
+                 "sync_time": 0.0}
+                for t, points in state.items()
+                for b, step in points
+            ],
+        }  # fmt: skip
+        write_json_atomic(self.paths.profiled(self.sia_id), document)
+        self.log("profiled", gpu_type=assignment.gpu_type, types=sorted(state))
+
     def _report(self, assignment: Assignment, now: float) -> None:
         """Write a metrics report of ``assignment`` (step times by the GPU count, or the seed
         profile's); its steps follow those times."""
@@ -334,6 +382,8 @@ def main() -> int:
     parser.add_argument("--fail-at", type=int, default=None, help="exit 1 at this count")
     parser.add_argument("--exit-delay", type=float, default=0.0, help="seconds to exit on TERM")
     parser.add_argument("--seed-profile", type=Path, default=None)
+    parser.add_argument("--sweep-s", type=float, default=1.0, help="a profiling sweep's time")
+    parser.add_argument("--profiled-doc", type=Path, default=None, help="write this instead")
     parser.add_argument("--profile-type", action="append", default=[], metavar="TYPE=PROFILE")
     args = parser.parse_args()
     aliases = {}
@@ -353,6 +403,8 @@ def main() -> int:
         profile=profile,
         fail_at=args.fail_at,
         exit_delay=args.exit_delay,
+        sweep_s=args.sweep_s,
+        profiled_doc=args.profiled_doc,
     )
     return job.run()
 
