@@ -4,14 +4,20 @@ On the dev cluster the GPUs are fake and everything runs on a CPU, so a real mod
 equally fast on every "GPU type". This trainer makes the difference visible: each micro-batch
 trains a small linear-regression model for real (so the loss falls, the gradient statistics
 are genuine and checkpoints hold real state) and then sleeps until it has taken as long as the
-app's profile says one micro-batch of that size takes on the assigned GPU type
-(``profiles/<app>/seed.csv``, 1-GPU measurements, linearly interpolated over the local batch;
-``--time-scale`` shrinks or stretches it). The reported step times therefore look like the
-profiled hardware; the all-reduce is the real one. It says so in its log, and it is not a
-benchmark of anything. ``--untimed-scale c`` makes each optimizer step last c times its
-emulated time with the excess spent after the step, where the step timer does not see it: the
-simulator's calibration factor (``sia_slurm/sim/apptruth.py``: data loading, evaluation and
-logging slow the app's progress, not the step times it reports).
+app's measurements say one micro-batch of that size takes on the assigned GPU type and shape
+(:class:`StepTimes`; ``--time-scale`` shrinks or stretches it): on one GPU the profile's
+(``profiles/<app>/seed.csv``, 1-GPU measurements, linearly interpolated over the local batch),
+on several the app's measured traces at that shape (``data/traces/<app>/placements-<key>.csv``,
+as the simulator charges them), whose compute and all-reduce wait both grow with the GPU count
+for some apps (yolov3: up to 2.4x the 1-GPU step on 4 GPUs). The synchronising micro-batch's
+all-reduce wait is slept inside the real all-reduce (a DDP communication hook), so the reports
+split step and sync time as the traces do. The reported step times therefore look like the
+measured hardware. It says so in its log, and it is not a benchmark of anything. It takes
+each type's speed from its measurements, so a dev cluster's slowdown of its GPU types
+(``launcher/elastic/devspeed.py``) does not apply to it. ``--untimed-scale c`` makes each
+optimizer step last c times its emulated time with the excess spent after the step, where the
+step timer does not see it: the simulator's calibration factor (``sia_slurm/sim/apptruth.py``:
+data loading, evaluation and logging slow the app's progress, not the step times it reports).
 
 When is it done? ``--progress`` chooses (``auto``, the default, is ``efficiency`` for an app with
 validation traces in ``data/traces/`` and ``raw`` for any other, e.g. a test profile):
@@ -49,17 +55,18 @@ import logging
 import math
 import sys
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import futures, nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from launcher.elastic import ElasticTrainer, JobEnvironment, Step
+from launcher.elastic import ElasticTrainer, JobEnvironment, Step, devspeed
 from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.examples.common import SampleLog, parser, setup
@@ -74,6 +81,7 @@ from sia_slurm.model.profile import (
 from sia_slurm.protocol import MetricsReport
 from sia_slurm.sim.apps import default_traces_dir
 from sia_slurm.sim.gradstats import AppGradStats, GradStatsError
+from sia_slurm.sim.groundtruth import GroundTruth, GroundTruthError, has_ground_truth
 from sia_slurm.sim.progress import true_gain
 
 logger = logging.getLogger("launcher.examples.emulated")
@@ -115,6 +123,82 @@ def micro_batch_seconds(profile: AppProfile, gpu_type: str, local_bsz: int) -> f
     (x0, y0), (x1, y1) = points[right - 1], points[right]
     value = y0 + (y1 - y0) * (local_bsz - x0) / (x1 - x0)
     return max(value, min(y for _, y in points) * 0.5)
+
+
+@dataclass(frozen=True)
+class EmulatedTimes:
+    """One micro-batch's emulated compute, and the all-reduce wait of the synchronising one."""
+
+    compute_s: float
+    sync_s: float = 0.0
+
+    def scaled(self, factor: float) -> EmulatedTimes:
+        return EmulatedTimes(self.compute_s * factor, self.sync_s * factor)
+
+    def step_s(self, micro_batches: int) -> float:
+        """An optimizer step of ``micro_batches``: each computes, the last also synchronises
+        (the simulator's ``T_iter = accum_steps * (step - sync) + step``)."""
+        return micro_batches * self.compute_s + self.sync_s
+
+
+class StepTimes:
+    """Where the emulated times come from (module docstring): one GPU, the job's profile; several
+    GPUs, the app's traces at that shape when it has them (a shipped app; not a ``--profile`` of
+    the user's, whose traces nobody measured), else the profile's 1-GPU time with a real
+    all-reduce, as before traces were used."""
+
+    def __init__(self, profile: AppProfile, truth: GroundTruth | None):
+        self.profile = profile
+        self.truth = truth
+
+    @classmethod
+    def for_job(cls, profile: AppProfile, env: JobEnvironment) -> StepTimes:
+        """The job's times: its profile, and the traces of its app on its profile type."""
+        truth = None
+        root = default_profiles_dir()
+        gpu = load_gpu_types(root / GPU_TYPES_FILE).get(env.profile_gpu_type)
+        traces = default_traces_dir()
+        shipped = not env.profile and gpu is not None and gpu.trace_key
+        if shipped and has_ground_truth(traces, env.app, gpu.trace_key):
+            try:
+                truth = GroundTruth.load(traces, env.app, gpu.trace_key, calibration=1.0)
+            except GroundTruthError as exc:
+                logger.warning("multi-GPU steps take the 1-GPU profile's time: %s", exc)
+        return cls(profile, truth)
+
+    def at(self, profile_type: str, nodes: int, gpus: int, local_bsz: int) -> EmulatedTimes:
+        """The times of one micro-batch of ``local_bsz`` on ``gpus`` GPUs over ``nodes`` nodes."""
+        if gpus == 1 or self.truth is None:
+            return EmulatedTimes(micro_batch_seconds(self.profile, profile_type, local_bsz))
+        step, sync = self.truth.step_time(nodes, gpus, local_bsz)
+        return EmulatedTimes(float(step - sync), float(sync))
+
+
+class SyncDelay:
+    """A DDP communication hook that waits ``seconds`` before the step's last all-reduce: the
+    emulated all-reduce wait, inside the window the job measures as sync time (from the last
+    gradient to the end of the backward pass, launcher/elastic/parallel.py)."""
+
+    def __init__(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.seconds = 0.0
+        self._sleep = sleep
+
+    def install(self, trainer: ElasticTrainer) -> None:
+        """Register on the trainer's DDP (before its first backward pass, as DDP requires)."""
+        trainer.model.ddp.register_comm_hook(self, _delayed_allreduce)
+
+
+def _delayed_allreduce(delay: SyncDelay, bucket: dist.GradBucket) -> futures.Future[torch.Tensor]:
+    """DDP's own all-reduce (mean over the replicas), after the delay on the last bucket."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if bucket.is_last() and delay.seconds > 0:
+        delay._sleep(delay.seconds)
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+
+# DDP checks a hook's annotations as objects, and this module's are strings (PEP 563).
+_delayed_allreduce.__annotations__ = typing.get_type_hints(_delayed_allreduce)
 
 
 COMPUTED_SAMPLES = 1024
@@ -323,16 +407,24 @@ def train(argv: list[str] | None = None) -> None:
         fetch=bounded_fetch(dataset),
         reporter=reporter,
     )
+    devspeed.exempt(trainer.job)  # the times below are already the type's
+    times = StepTimes.for_job(profile, env)
+    delay = SyncDelay()
+    if trainer.replicas > 1:
+        delay.install(trainer)
     logger.info(
-        "EMULATED trainer: micro-batch times follow profile %s on %s (x%g, steps x%g with the "
-        "untimed part); the GPUs are not used",
+        "EMULATED trainer: micro-batch times follow profile %s on %s (%s on %d GPUs; x%g, "
+        "steps x%g with the untimed part); the GPUs are not used",
         profile.name,
         env.profile_gpu_type,
+        "the traces" if times.truth is not None and trainer.replicas > 1 else "1-GPU profile",
+        trainer.replicas,
         args.time_scale,
         args.untimed_scale,
     )
+    pacing = Pacing(times, delay, Pacer())
     if progress is None:
-        run_raw_epochs(trainer, args, profile, env)
+        run_raw_epochs(trainer, args, pacing, env)
     else:
         logger.info(
             "EMULATED progress: done after %g M0-equivalent samples (app %s: %g samples x "
@@ -342,7 +434,7 @@ def train(argv: list[str] | None = None) -> None:
             progress.target,
             progress.compression,
         )
-        run_to_target(trainer, args, profile, env, progress)
+        run_to_target(trainer, args, pacing, env, progress)
     leave_process_group()
 
 
@@ -421,42 +513,51 @@ def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float, pacer: P
     return sum(losses) / max(len(losses), 1)
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """What times a run's steps: the emulated times, the all-reduce delay, the pacer."""
+
+    times: StepTimes
+    delay: SyncDelay
+    pacer: Pacer
+
+
 def paced_step(
     trainer: ElasticTrainer,
     step: Step,
     args: argparse.Namespace,
-    profile: AppProfile,
+    pacing: Pacing,
     env: JobEnvironment,
-    pacer: Pacer,
 ) -> tuple[float, float]:
-    """One emulated step at the profile's micro-batch time x ``--time-scale``, then its untimed
-    part (``--untimed-scale``); returns the mean loss and the micro-batch time. The batch is
-    read before the step: ``finish()`` may adopt the next round's."""
-    target = args.time_scale * micro_batch_seconds(
-        profile, env.profile_gpu_type, trainer.batch.local_bsz
-    )
+    """One emulated step at the micro-batch times x ``--time-scale`` (:class:`StepTimes`, at the
+    run's shape), then its untimed part (``--untimed-scale``); returns the mean loss and the
+    micro-batch compute time. The batch is read before the step: ``finish()`` may adopt the
+    next round's."""
+    times = pacing.times.at(
+        env.profile_gpu_type, env.nodes, trainer.replicas, trainer.batch.local_bsz
+    ).scaled(args.time_scale)
+    pacing.delay.seconds = times.sync_s
     micro_batches = trainer.batch.accum_steps + 1
-    loss = emulated_step(trainer, step, target, pacer)
-    pacer.pause((args.untimed_scale - 1.0) * target * micro_batches)
-    return loss, target
+    loss = emulated_step(trainer, step, times.compute_s, pacing.pacer)
+    pacing.pacer.pause((args.untimed_scale - 1.0) * times.step_s(micro_batches))
+    return loss, times.compute_s
 
 
 def run_raw_epochs(
-    trainer: ElasticTrainer, args: argparse.Namespace, profile: AppProfile, env: JobEnvironment
+    trainer: ElasticTrainer, args: argparse.Namespace, pacing: Pacing, env: JobEnvironment
 ) -> None:
     """The original mode: done after ``--epochs`` raw passes over the dataset."""
     log = SampleLog(args.sample_log, trainer.rank)
-    pacer = Pacer()
     for _epoch in trainer.epochs(args.epochs, max_steps=args.max_steps):
         for step in trainer.steps():
-            loss, target = paced_step(trainer, step, args, profile, env, pacer)
+            loss, target = paced_step(trainer, step, args, pacing, env)
             log.write(trainer, step, loss, emulated_s=target)
 
 
 def run_to_target(
     trainer: ElasticTrainer,
     args: argparse.Namespace,
-    profile: AppProfile,
+    pacing: Pacing,
     env: JobEnvironment,
     progress: EfficiencyProgress,
 ) -> None:
@@ -464,14 +565,13 @@ def run_to_target(
     the same steps at the same batch, so all agree on the last step without communicating;
     the progress is checkpointed with the trainer's user state."""
     log = SampleLog(args.sample_log, trainer.rank)
-    pacer = Pacer()
     for _epoch in trainer.epochs(sys.maxsize, max_steps=args.max_steps):
         progress.app_progress = float(trainer.user_state.get(USER_STATE_KEY, 0.0))
         if progress.done:  # restored from the checkpoint of the last step
             trainer.max_steps = trainer.step
         for step in trainer.steps():
             batch_size = trainer.batch.batch_size  # finish() may adopt the next round's batch
-            loss, target = paced_step(trainer, step, args, profile, env, pacer)
+            loss, target = paced_step(trainer, step, args, pacing, env)
             progress.step(batch_size)
             trainer.user_state[USER_STATE_KEY] = progress.app_progress
             if progress.done:

@@ -65,8 +65,11 @@ from sia_slurm.devcluster.render import (
     render_power_programs,
     render_prolog,
     render_slurm_conf,
+    render_task_prolog,
 )
 from sia_slurm.devcluster.spec import DevClusterSpec
+from sia_slurm.devcluster.speed import spec_variables
+from sia_slurm.model.profile import ProfileError
 from sia_slurm.safefiles import chmod_dir, chmod_path, chown_path
 from sia_slurm.slurm.inventory import parse_nodes
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
@@ -370,6 +373,7 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
             (layout.slurm_conf, render_slurm_conf(spec, layout)),
             (layout.gres_conf, render_gres_conf(spec, layout)),
             (layout.prolog, render_prolog(layout)),
+            (layout.task_prolog, render_task_prolog(self._emulation_variables(spec))),
             *render_power_programs(layout),  # used only with power saving
         ]
         layout.cgroup_conf.unlink(missing_ok=True)
@@ -395,6 +399,14 @@ class DevCluster(DaemonFaults, acct.AccountingSteps):
         layout.prolog_failure.unlink(missing_ok=True)
         if account is not None:
             self._hand_to_slurm_user(account)
+
+    def _emulation_variables(self, spec: DevClusterSpec) -> dict[str, str]:
+        """SIA_DEVCLUSTER_SPEED/_MEMORY for the task prolog, from the shipped profiles (a
+        checkout without them cannot emulate its GPU types: say so, as for missing binaries)."""
+        try:
+            return spec_variables(spec)
+        except ProfileError as exc:
+            raise DevClusterError(f"cannot derive the GPU types' speed and memory: {exc}") from None
 
     def _hand_to_slurm_user(self, account: Account) -> None:
         """Make what slurmctld writes SlurmUser's: once it has dropped to that account it

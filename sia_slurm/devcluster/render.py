@@ -8,6 +8,8 @@ SlurmdParameters=config_overrides.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,11 @@ class ClusterLayout:
     def prolog(self) -> Path:
         """Slurm's ``Prolog``: fails the next job launch once per :attr:`prolog_failure`."""
         return self.root / "etc" / "prolog.sh"
+
+    @property
+    def task_prolog(self) -> Path:
+        """Slurm's ``TaskProlog``: gives every task the dev cluster's emulation variables."""
+        return self.root / "etc" / "task-prolog.sh"
 
     @property
     def prolog_failure(self) -> Path:
@@ -201,6 +208,9 @@ def render_slurm_conf(spec: DevClusterSpec, layout: ClusterLayout) -> str:
         "GresTypes=gpu",
         "SlurmdParameters=config_overrides",
         f"Prolog={layout.prolog}",
+        # Every task (the batch script too) gets SIA_DEVCLUSTER_SPEED/_MEMORY from here, whatever
+        # the submitter's shell or --export: render_task_prolog says why.
+        f"TaskProlog={layout.task_prolog}",
         # Preemption as sites run it: jobs of a higher PriorityTier partition requeue those of
         # the managed partitions (PreemptMode=REQUEUE) on the nodes they need. The hidden
         # partition below is the only higher tier; nothing uses it unless asked.
@@ -266,6 +276,31 @@ def render_prolog(layout: ClusterLayout) -> str:
         f'mv "{failure}" "{failure}.taken.$SLURM_JOB_ID" 2>/dev/null && exit 1\n'
         "exit 0\n"
     )
+
+
+def render_task_prolog(variables: Mapping[str, str]) -> str:
+    """The TaskProlog script: prints ``export NAME=value`` for each of ``variables``.
+
+    slurmstepd runs it as the job's user before every task, the batch script included, and
+    adds each such line of its output to the task's environment (Slurm's documented TaskProlog
+    protocol), so the dev cluster's emulation variables (sia_slurm/devcluster/speed.py) reach
+    the training processes however the job was submitted, and no real cluster's jobs ever see
+    them. Slurm takes the value verbatim (no shell unquoting), so it must be a plain word.
+    """
+    lines = [
+        "#!/bin/sh",
+        "# Written by `sia-slurm dev-cluster up`: the dev cluster's emulation variables.",
+    ]
+    for name, value in variables.items():
+        if not _ENV_NAME.match(name) or not _PLAIN_VALUE.match(value):
+            raise ValueError(f"task prolog: {name}={value!r} is not a plain NAME=value")
+        lines.append(f"echo export {name}={value}")
+    lines.append("exit 0")
+    return "\n".join(lines) + "\n"
+
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_.,=:+-]*$")
 
 
 def power_saving_lines(spec: DevClusterSpec, layout: ClusterLayout) -> list[str]:

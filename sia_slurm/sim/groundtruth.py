@@ -58,7 +58,7 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
-from sia_slurm.model.fit import Observation
+from sia_slurm.model.observation import Observation
 from sia_slurm.model.profile import ProfileError, read_trace_points
 from sia_slurm.model.throughput import global_batch_size
 
