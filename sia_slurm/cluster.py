@@ -86,6 +86,9 @@ class JobSnapshot:
     # door; checked by the controller before it is trusted): docs/profiling.md.
     profiled_document: Mapping[str, Any] | None = None
     profiled_problem: str = ""  # why ``profiled.json`` could not be read (the door's refusal)
+    # Which write of ``profiled.json`` was read ("" : tell writes apart by their content): a
+    # rewrite with the same content is a new measurement
+    profiled_version: str = ""
 
     @property
     def sia_id(self) -> str:

@@ -181,12 +181,15 @@ class Profiling:
         document: Mapping[str, Any],
         gpu_types: Collection[str],
         run: tuple[int, str] | None,
+        version: str = "",
     ) -> str:
         """Take the types of ``document`` (job ``sia_id``'s ``profiled.json``) that the job
         was given and that are not measured yet, each checked; why it was refused (``""``
         when taken or unchanged). ``run`` is the job's run (restarts, profile type): a
-        refusal counts against its type, and that run is not offered the type again."""
-        text = _fingerprint(document)
+        refusal counts against its type, and that run is not offered the type again.
+        ``version`` tells writes of the file apart (the same content written again is
+        measured again); without it, the content does."""
+        text = _fingerprint({"document": document, "version": version})
         if self.seen.get(sia_id) == text:
             return ""
         self.seen[sia_id] = text
@@ -461,13 +464,19 @@ class Profiler:
             if since is None or (since[0], since[1]) != run:
                 profiling.on_since[job.sia_id] = (run[0], run[1], now)
         if job.profiled_problem:
-            document: Mapping[str, Any] = {"unreadable": job.profiled_problem}
-            if profiling.seen.get(job.sia_id) != _fingerprint(document):
-                profiling.seen[job.sia_id] = _fingerprint(document)
+            written = _fingerprint(
+                {"unreadable": job.profiled_problem, "version": job.profiled_version}
+            )
+            if profiling.seen.get(job.sia_id) != written:
+                profiling.seen[job.sia_id] = written
                 profiling.refuse(job.sia_id, run, job.profiled_problem)
         elif job.profiled_document is not None:
             why = profiling.take(
-                job.sia_id, job.profiled_document, self.factory.profiles.gpu_types, run
+                job.sia_id,
+                job.profiled_document,
+                self.factory.profiles.gpu_types,
+                run,
+                job.profiled_version,
             )
             if why:
                 logger.warning("job %s: profile refused: %s", job.sia_id, why)

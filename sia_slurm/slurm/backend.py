@@ -37,6 +37,7 @@ from sia_slurm.cluster import (
 from sia_slurm.config import SiaConfig
 from sia_slurm.core import Configuration, NodeShare, NodeView
 from sia_slurm.protocol import (
+    PROFILED_FILE,
     Assignment,
     JobSpec,
     MetricsReport,
@@ -229,7 +230,7 @@ class SlurmBackend:
                         f"{directory.where('spec.json')}: sia_id is {spec.sia_id!r}"
                     )
                 profile = self.documents.read_profile(directory)
-                profiled, profiled_problem = self._profiled(directory)
+                profiled = self._profiled(directory)
                 report, reported = self.inbox.read(
                     sia_id, directory, managed.run, rejected, managed.current.nodes
                 )
@@ -258,7 +259,7 @@ class SlurmBackend:
                 message,
                 assignment,
                 profile=profile,
-                profiled=(profiled, profiled_problem),
+                profiled=profiled,
             )
             return job_view, None
         if job.completing and not _granted_run(job, assignment):
@@ -272,7 +273,7 @@ class SlurmBackend:
                 message,
                 assignment,
                 profile=profile,
-                profiled=(profiled, profiled_problem),
+                profiled=profiled,
             )
             return job_view, None
         phase, message = job_phase(
@@ -321,7 +322,7 @@ class SlurmBackend:
             config,
             placement,
             profile=profile,
-            profiled=(profiled, profiled_problem),
+            profiled=profiled,
         )
         return snapshot, report
 
@@ -336,7 +337,7 @@ class SlurmBackend:
         placement: tuple[NodeShare, ...] = (),
         *,
         profile: Mapping[str, Any] | None = None,
-        profiled: tuple[Mapping[str, Any] | None, str] = (None, ""),
+        profiled: tuple[Mapping[str, Any] | None, str, str] = (None, "", ""),
     ) -> JobSnapshot:
         job = managed.current
         return JobSnapshot(
@@ -354,16 +355,20 @@ class SlurmBackend:
             qos=job.qos,
             profile_document=profile,
             profiled_document=profiled[0],
-            profiled_problem=profiled[1],
+            profiled_version=profiled[1],
+            profiled_problem=profiled[2],
         )
 
-    def _profiled(self, directory: JobDirectory) -> tuple[dict[str, Any] | None, str]:
-        """The job's ``profiled.json`` and why it could not be read (``""``): a bad one is the
-        profiling's to refuse (docs/profiling.md), not a reason to leave the job out."""
+    def _profiled(self, directory: JobDirectory) -> tuple[dict[str, Any] | None, str, str]:
+        """The job's ``profiled.json``, which write of it that is, and why it could not be
+        read (``""``): a bad one is the profiling's to refuse (docs/profiling.md), not a
+        reason to leave the job out."""
         try:
-            return self.documents.read_profiled(directory), ""
+            return (*self.documents.read_profiled(directory), "")
         except ProtocolError as exc:
-            return None, str(exc)
+            info = directory.stat(PROFILED_FILE)
+            version = "" if info is None else f"{info.st_mtime_ns}-{info.st_size}-{info.st_ino}"
+            return None, version, str(exc)
 
     def _failure(
         self, managed: ManagedJob, spec: JobSpec, directory: JobDirectory, stopped: bool

@@ -88,13 +88,18 @@ class DocumentCache:
             directory, PROFILE_FILE, lambda: directory.read_json(PROFILE_FILE)
         )
 
-    def read_profiled(self, directory: JobDirectory) -> dict[str, Any] | None:
+    def read_profiled(self, directory: JobDirectory) -> tuple[dict[str, Any] | None, str]:
         """What the job measured while profiling (``profiled.json``: the bounded JSON object
-        only; the controller checks its values), read through the user-file door; ``None``
-        if it wrote none."""
-        return self._read_user_file(  # type: ignore[return-value]
+        only; the controller checks its values), read through the user-file door, and which
+        write of the file it is (its mtime, size and inode: a rewrite with the same content
+        is a new measurement); ``(None, "")`` if it wrote none."""
+        info = directory.stat(PROFILED_FILE)
+        document = self._read_user_file(  # type: ignore[assignment]
             directory, PROFILED_FILE, lambda: directory.read_json(PROFILED_FILE)
         )
+        if document is None or info is None:
+            return None, ""
+        return document, "-".join(str(part) for part in _version(info))  # type: ignore[return-value]
 
     def _read_user_file(
         self, directory: JobDirectory, name: str, read: Callable[[], object | None]

@@ -419,10 +419,12 @@ class LiveSubmitter:
         write_document(
             self.paths.spec(sia_id),
             JobSpec(
-                sia_id=sia_id,
-                app="cifar10",
-                checkpoint_dir=str(self.paths.job_dir(sia_id)),
-                **spec_fields,
+                **{
+                    "sia_id": sia_id,
+                    "app": "cifar10",
+                    "checkpoint_dir": str(self.paths.job_dir(sia_id)),
+                    **spec_fields,
+                }
             ),
         )
         script = self.paths.job_dir(sia_id) / "job.sh"

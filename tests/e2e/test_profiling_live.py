@@ -1,0 +1,144 @@
+"""Sia's profiling of a new model on real Slurm, with the real controller (issue 34).
+
+Every round is ``controller run --once`` as the service account, as cron runs it (the
+``site`` of tests/e2e/test_controller_live.py). The jobs are tests/slurm/protocol_job.py: on
+a profiling run it writes ``profiled.json`` from the cifar10 seed profile, as the job side
+writes what it measured (the job side's own sweep is tested in tests/launcher). Checked: a
+never-seen model is given one GPU of each type in turn, each run with a sweep, its profile
+kept and the job then scheduled from it; a second job of the same app waits and reuses the
+profile; a hostile profile document is refused while the other jobs go on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.e2e.test_controller_live import (  # noqa: E402
+    SEED_PROFILE,
+    Site,
+    site,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slurm
+__all__ = ["site"]  # the fixture, used by name
+
+
+def submit(site: Site, sia_id: str, app: str, *extra: str, **spec: Any) -> str:
+    job_args = [
+        "--seed-profile", str(SEED_PROFILE), "--profile-type", "a100=dgx",
+        "--finish-file", str(site.finish_file(sia_id)), "--sweep-s", "0.5", *extra,
+    ]  # fmt: skip
+    spec.setdefault("restart_cost", 0.1)
+    job_id = site.submitter.submit(
+        sia_id, job_args=job_args, app=app, init_batch_size=128, max_batch_size=1024, **spec
+    )
+    site.slurm_ids.append(job_id)
+    return job_id
+
+
+def status(site: Site) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "sia_slurm.cli", "status", "--offline", "--json",
+         "--config", str(site.config_path)],
+        env=site.env(), capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def wait_profiled(site: Site, sia_id: str, gpu_type: str | None = None) -> None:
+    """Until the job's run has written profiled.json (for ``gpu_type``)."""
+    wait_for(
+        lambda: [e for e in site.events(sia_id, "profiled") if gpu_type in (None, e["gpu_type"])],
+        f"{sia_id} profiled {gpu_type or ''}",
+        diagnose=lambda: site.diagnosis(sia_id),
+    )
+
+
+def profiled(site: Site, sia_id: str) -> set[str]:
+    return {e["gpu_type"] for e in site.events(sia_id, "profiled")}
+
+
+def test_a_new_model_is_profiled_on_each_type_then_scheduled_and_its_profile_reused(
+    site: Site,
+) -> None:
+    first = submit(site, "first", "newnet", submit_time=0.0)
+    second = submit(site, "second", "newnet")
+    types: list[str] = []
+    for _ in range(12):
+        played = site.round()
+        note = played.decisions["first"].get("note", "")
+        if not note.startswith("profiling:"):
+            break
+        waiting = played.decisions["second"]
+        assert waiting["action"] == "wait" and "waits for job first" in waiting["note"]
+        assert status(site)["profiling"]["first"] == note
+        action = played.actions.get("first")
+        if action is not None:
+            start = site.wait_started("first", played.index)
+            assert start["gpus_on_node"] == 1 and start["nodes"] == 1
+            assignment = site.assignment("first")
+            assert assignment is not None and assignment.profile_sweep[0] == 8
+            types.append(start["partition"])
+            wait_profiled(site, "first", types[-1])
+    else:
+        raise AssertionError("still profiling after 12 rounds")
+    assert sorted(types) == ["a100", "rtx", "t4"], types
+    assert profiled(site, "first") == {"a100", "rtx", "t4"}
+    (kept,) = (site.paths.state_dir / "profiles").glob("*/newnet.json")
+    document = json.loads(kept.read_text())["document"]
+    assert sorted(document["max_local_bsz"]) == ["dgx", "rtx", "t4"]
+
+    # The second job of the app reuses the profile: it starts without a sweep.
+    for _ in range(4):
+        played = site.round()
+        if "second" in played.actions:
+            break
+    site.wait_started("second", played.index)
+    assignment = site.assignment("second")
+    assert assignment is not None and assignment.profile_sweep == ()
+    assert not profiled(site, "second")
+
+    for sia_id, slurm_id in (("first", first), ("second", second)):
+        site.finish(sia_id)
+        site.wait_slurm_state(slurm_id, "COMPLETED")
+    site.round()
+    assert site.job_phases() == {"first": "done", "second": "done"}
+    assert len(site.events("first", "done")) == 1
+
+
+def test_a_hostile_profile_document_is_refused_while_other_jobs_go_on(site: Site) -> None:
+    hostile = site.root / "hostile.json"
+    hostile.write_text(
+        '{"format": 1, "app": "evil", "init_batch_size": 128, "max_batch_size": 1024, '
+        '"min_local_bsz": 8, "max_local_bsz": {"t4": 64, "dgx": 64, "rtx": 64}, '
+        '"seed": [{"gpu_type": "t4", "local_bsz": 8, "placement": "1", "step_time": -1, '
+        '"sync_time": 0}]}'
+    )
+    submit(site, "evil", "evilnet", "--profiled-doc", str(hostile))
+    site.submit("honest", max_gpus=2)
+    refused = ""
+    for _ in range(8):
+        played = site.round()
+        honest = played.decisions["honest"]
+        assert honest["action"] in ("start", "keep", "move", "rebatch"), honest
+        if "evil" in played.actions:
+            site.wait_started("evil", played.index)
+            wait_profiled(site, "evil", site.assignment("evil").gpu_type)  # type: ignore[union-attr]
+        refused = played.decisions["evil"].get("note", "")
+        if "held" in refused:
+            break
+    assert "profiling: held: measurements refused 2 times" in refused, refused
+    assert "step_time: expected seconds > 0" in refused
+    assert not list((site.paths.state_dir / "profiles").glob("*/evilnet.json"))
+    assert site.events("honest", "start")
