@@ -45,7 +45,9 @@ SWEEP_SPREAD = 16
 MAX_REFUSALS = 2
 PROFILING_NOTE = "profiling:"  # how a profiling job's decision note begins (status shows it)
 DEADLINE_S = 900.0  # seconds a profiling run may take to measure its type
-OWN = ""  # the account part of the key of a job that profiles for itself alone (no app)
+# The account part of the key of a job that profiles for itself alone (no app): no account
+# has a '/' in its name (a job without an account, no Slurm accounting, has "")
+OWN = "/"
 
 logger = logging.getLogger(__name__)
 ProfileKey = tuple[str, str]  # (account, app), or (OWN, sia id)

@@ -178,13 +178,29 @@ def test_a_job_without_an_app_profiles_for_itself(factory: EstimatorFactory) -> 
     ctl = controller(factory, book)
     job = spec("solo", app="")
     ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
-    assert ctl.jobs["solo"].profiling == ("", "solo")
+    assert ctl.jobs["solo"].profiling == ("/", "solo")
     ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=measured(["t4"])),)))
     ctl.round(
         ClusterSnapshot(120.0, NODES, (on(job, "a100", profiled_document=measured(["t4", "dgx"])),))
     )
     assert ctl.jobs["solo"].profiling is None
     assert book.documents == {}  # kept for nobody else
+
+
+def test_without_accounting_jobs_of_an_app_share_under_no_account(
+    factory: EstimatorFactory,
+) -> None:
+    book = MemoryProfileBook()
+    ctl = controller(factory, book)
+    job = spec()
+    snapshot = JobSnapshot(job, JobPhase.PENDING)  # no Slurm accounting: account ""
+    ctl.round(ClusterSnapshot(0.0, NODES, (snapshot,)))
+    assert ctl.jobs["new"].profiling == ("", "mynet")
+    for t, (site_type, types) in enumerate((("t4", ["t4"]), ("a100", ["t4", "dgx"]))):
+        running = on(job, site_type, profiled_document=measured(types))
+        running = JobSnapshot(**{**running.__dict__, "account": ""})
+        ctl.round(ClusterSnapshot(60.0 * (t + 1), NODES, (running,)))
+    assert book.get("", "mynet") is not None
 
 
 def test_a_job_without_its_initial_batch_cannot_be_profiled(factory: EstimatorFactory) -> None:
