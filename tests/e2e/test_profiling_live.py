@@ -132,7 +132,7 @@ def test_a_hostile_profile_document_is_refused_while_other_jobs_go_on(site: Site
         played = site.round()
         honest = played.decisions["honest"]
         assert honest["action"] in ("start", "keep", "move", "rebatch"), honest
-        if "evil" in played.actions:
+        if played.actions.get("evil", {}).get("kind") in ("start", "move"):
             site.wait_started("evil", played.index)
             wait_profiled(site, "evil", site.assignment("evil").gpu_type)  # type: ignore[union-attr]
         refused = played.decisions["evil"].get("note", "")
