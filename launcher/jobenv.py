@@ -5,9 +5,9 @@ variables and exports it with :meth:`JobEnvironment.to_env`; every training proc
 back with :meth:`JobEnvironment.from_env`. Keeping both directions in one class means a variable
 cannot be renamed on one side only. ``docs/protocol.md`` lists the variables for people.
 
-Three knobs may also be set by the user in the job's environment (``sbatch --export``) and
-are only defaulted by the launcher: ``SIA_METRICS_INTERVAL_S``, ``SIA_LINGER_S`` and
-``SIA_POLL_INTERVAL_S``.
+Four knobs may also be set by the user in the job's environment (``sbatch --export``) and
+are only defaulted by the launcher: ``SIA_METRICS_INTERVAL_S``, ``SIA_LINGER_S``,
+``SIA_POLL_INTERVAL_S`` and ``SIA_PROFILE_STEPS``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
+from itertools import pairwise
 from pathlib import Path
 
 PREFIX = "SIA_"
 DEFAULT_METRICS_INTERVAL_S = 30.0
 DEFAULT_LINGER_S = 600.0
 DEFAULT_POLL_INTERVAL_S = 1.0
+DEFAULT_PROFILE_STEPS = 3
+MAX_PROFILE_STEPS = 100
 
 
 class JobEnvironmentError(ValueError):
@@ -38,6 +41,9 @@ class JobEnvironment:
     running job may adopt a new batch later (rebatch) without a new environment.
     ``slurm_job_id``, ``restarts`` and ``node_list`` (the run's hostnames, comma-separated)
     name the Slurm run the process trains in (:meth:`hostnames`).
+    ``profile_sweep`` (the assignment's, comma-separated) makes the run a profiling run
+    (``docs/profiling.md``): :attr:`sweep` is its increasing per-GPU batches, each trained
+    for one warm-up and ``profile_steps`` measured steps.
     """
 
     sia_id: str
@@ -61,6 +67,8 @@ class JobEnvironment:
     metrics_interval_s: float = DEFAULT_METRICS_INTERVAL_S
     linger_s: float = DEFAULT_LINGER_S
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    profile_sweep: str = ""
+    profile_steps: int = DEFAULT_PROFILE_STEPS
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus", "local_bsz", "init_batch_size", "max_batch_size"):
@@ -82,6 +90,17 @@ class JobEnvironment:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise JobEnvironmentError(f"{env_name(name)}: expected seconds > 0, got {value}")
+        if not 1 <= self.profile_steps <= MAX_PROFILE_STEPS:
+            raise JobEnvironmentError(
+                f"{env_name('profile_steps')}: expected 1..{MAX_PROFILE_STEPS} measured steps, "
+                f"got {self.profile_steps}"
+            )
+        parse_sweep(self.profile_sweep)  # fails here, naming the variable, not mid-training
+
+    @property
+    def sweep(self) -> tuple[int, ...]:
+        """The profiling sweep's per-GPU batches, increasing (empty: not a profiling run)."""
+        return parse_sweep(self.profile_sweep)
 
     @property
     def hostnames(self) -> tuple[str, ...]:
@@ -135,6 +154,24 @@ class JobEnvironment:
 def env_name(field_name: str) -> str:
     """``local_bsz`` -> ``SIA_LOCAL_BSZ``."""
     return PREFIX + field_name.upper()
+
+
+def parse_sweep(text: str) -> tuple[int, ...]:
+    """``"2,4,8"`` -> ``(2, 4, 8)``: integers >= 1, strictly increasing (``""``: none)."""
+    name = env_name("profile_sweep")
+    if not text.strip():
+        return ()
+    try:
+        batches = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise JobEnvironmentError(
+            f"{name}: expected comma-separated integers, got {text!r:.80}"
+        ) from None
+    if min(batches) < 1 or any(a >= b for a, b in pairwise(batches)):
+        raise JobEnvironmentError(
+            f"{name}: expected increasing per-GPU batches >= 1, got {text!r:.80}"
+        )
+    return batches
 
 
 def _convert(name: str, raw: str, type_name: str) -> object:

@@ -55,6 +55,8 @@ from launcher.jobenv import (
     DEFAULT_LINGER_S,
     DEFAULT_METRICS_INTERVAL_S,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PROFILE_STEPS,
+    MAX_PROFILE_STEPS,
     JobEnvironment,
     env_name,
 )
@@ -210,6 +212,8 @@ def job_environment(
         metrics_interval_s=_seconds(environ, "metrics_interval_s", DEFAULT_METRICS_INTERVAL_S),
         linger_s=_seconds(environ, "linger_s", DEFAULT_LINGER_S),
         poll_interval_s=_seconds(environ, "poll_interval_s", DEFAULT_POLL_INTERVAL_S),
+        profile_sweep=",".join(str(batch) for batch in assignment.profile_sweep),
+        profile_steps=_profile_steps(environ),
     )
 
 
@@ -435,6 +439,21 @@ def _seconds(environ: Mapping[str, str], field_name: str, default: float) -> flo
         raise LaunchError(f"{name}: expected seconds, got {raw!r}") from None
     if not value > 0:
         raise LaunchError(f"{name}: expected seconds > 0, got {raw!r}")
+    return value
+
+
+def _profile_steps(environ: Mapping[str, str]) -> int:
+    """The user's ``SIA_PROFILE_STEPS`` (measured steps per batch of a profiling sweep)."""
+    name = env_name("profile_steps")
+    raw = environ.get(name)
+    if raw is None:
+        return DEFAULT_PROFILE_STEPS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LaunchError(f"{name}: expected an integer, got {raw!r}") from None
+    if not 1 <= value <= MAX_PROFILE_STEPS:
+        raise LaunchError(f"{name}: expected 1..{MAX_PROFILE_STEPS} measured steps, got {raw!r}")
     return value
 
 

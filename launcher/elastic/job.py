@@ -31,11 +31,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from launcher.elastic import devspeed
 from launcher.elastic.checkpoint import CheckpointError, CheckpointManager
 from launcher.elastic.control import ControlFiles, SignalFlags
 from launcher.elastic.distributed import init_process_group
 from launcher.elastic.metrics import MetricsReporter
 from launcher.elastic.noise import GradientNoise
+from launcher.elastic.profiling import JobProfiling, free_device_memory, is_out_of_memory
 from launcher.elastic.rng import load_rng_state, rng_state
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.elastic.steps import Batch, MicroBatch, StepStats
@@ -98,6 +100,7 @@ class ElasticJob:
         if install_signal_handlers:
             self.signals.install()
         self.batch = _initial_batch(self.env, self.replicas)
+        self.profiling = JobProfiling(self.env, self.checkpoints.directory)
         self.round = self.env.launch_round
         self.step = 0  # optimizer steps since the job first started
         self.progress = 0.0  # steps weighted by the AdaScale gain
@@ -162,6 +165,7 @@ class ElasticJob:
     def _checkpoint(self) -> tuple[int, dict[str, Any]] | None:
         if self._loaded is False:
             self._loaded = self._restore()
+            self._set_batch(self.profiling.begin(self.batch, self.replicas))  # a sweep first?
         return self._loaded  # type: ignore[return-value]
 
     def _restore(self) -> tuple[int, dict[str, Any]] | None:
@@ -180,6 +184,7 @@ class ElasticJob:
             raise CheckpointError(f"checkpoint format {state.get('format')!r} is not supported")
         self.noise.load_state_dict(state["noise"])
         self.reporter.load_profile_state(state["profile"])
+        self.profiling.load_state_dict(state.get("profiled"))  # absent before profiling
         self.step = int(state["step"])
         self.progress = float(state["progress"])
         self.user_state = dict(state["user"])
@@ -279,9 +284,14 @@ class ElasticJob:
         (:meth:`_syncs`), started here and waited for at the next such step (or when
         training ends), so it rides behind DDP's buckets instead of adding a synchronous
         round trip to every step: the ranks act on an agreement ``control_interval`` steps
-        after it was started, all at the same step."""
+        after it was started, all at the same step. A profiling step that ran out of memory
+        is dropped instead (:meth:`absorb_out_of_memory`)."""
         assert self.sampler is not None
+        if self.profiling.dropping:
+            self._drop_step()
+            return
         stats, self.current = self.stats, None
+        devspeed.pace_step(self, stats, self._last_start)  # a dev cluster's slower GPU types
         syncs = self._syncs(self.step)
         control = self._control_vector(stats) if syncs else None
         work = None
@@ -290,12 +300,12 @@ class ElasticJob:
         self.sampler.advance(plan)
         self.step += 1
         self.progress += self.noise.gain(self.batch.batch_size)
+        timing = None
         if self.rank == 0 and plan.uniform and self._last_start is not None:
             done = stats.sync_done if stats.sync_done is not None else time.perf_counter()
             ready = stats.sync_ready if stats.sync_ready is not None else done
-            self.reporter.record(
-                done - self._last_start, done - ready, self.batch.local_bsz, self.batch.accum_steps
-            )
+            timing = (done - self._last_start, done - ready)
+            self.reporter.record(*timing, self.batch.local_bsz, self.batch.accum_steps)
         for callback in self.step_callbacks:
             callback(self, plan)
         if control is None:
@@ -305,6 +315,49 @@ class ElasticJob:
             self._settle()
         elif previous is not None:
             self._settle(previous)
+        if self.profiling.sweeping:  # one replica: every step settled above
+            self._sweep_step(timing)
+
+    # ---- profiling (launcher/elastic/profiling.py) -------------------------------------------
+
+    def _set_batch(self, batch: Batch) -> None:
+        """Train at ``batch`` from the next step on (the loaders plan with it; a report never
+        mixes two batches)."""
+        if batch != self.batch:
+            self.batch = batch
+            self.reporter.restart_window()
+
+    def _sweep_step(self, timing: tuple[float, float] | None) -> None:
+        """A profiling step completed (after its agreement, so that the noise estimate pairs
+        steps of one batch): the next step's batch; a checkpoint keeps a finished sweep."""
+        self._set_batch(self.profiling.step_done(timing))
+        if not self.profiling.sweeping and self._superseded_round is None:
+            self.save_checkpoint()
+
+    def absorb_out_of_memory(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised during the step where the job's code surrounds it, was a
+        CUDA out-of-memory error of a profiling step, now absorbed: the gradients freed,
+        DDP's reducer reset, the cache emptied, and the step to be dropped at its end (the
+        optimizer and the scaler skip it). Otherwise the caller re-raises."""
+        if not (self.profiling.sweeping and is_out_of_memory(exc)):
+            return False
+        if self.model is not None and not self.model.recover_from_out_of_memory():
+            return False
+        free_device_memory()
+        self.profiling.out_of_memory()
+        return True
+
+    @property
+    def dropping(self) -> bool:
+        """The current step ran out of memory while profiling: nothing of it is applied."""
+        return self.profiling.dropping
+
+    def _drop_step(self) -> None:
+        """End a step that ran out of memory while profiling without counting it: the
+        sampler stays (its samples train again), the sweep ends at the batch before."""
+        self.current, self.stats = None, StepStats(step_index=self.step)
+        self._set_batch(self.profiling.drop_step())
+        self.save_checkpoint()
 
     def _settle(self, agreed: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None) -> None:
         """Act on a step's agreed control vector (the one in flight when not given)."""
@@ -414,7 +467,7 @@ class ElasticJob:
         elif values[3] > 0:
             batch = Batch(int(values[4]), int(values[5]), int(values[6]))
             self._log("adopting the batch of round %d: %s", int(values[3]) - 1, batch)
-            self.batch = batch
+            self.batch = self.profiling.assign(batch)  # a sweep keeps its own until it ends
             self.round = int(values[3]) - 1
             self.reporter.restart_window()
 
@@ -482,6 +535,7 @@ class ElasticJob:
         raise SystemExit(0)
 
     def _ended(self, end: str) -> None:
+        self.profiling.abandon()  # a sweep not finished is measured again by the next run
         if self._recorder is not None:
             self._recorder.ended(end)
 
@@ -499,6 +553,7 @@ class ElasticJob:
                 self._log("terminated: checkpoint %s of the last complete step", path)
                 sys.stderr.flush()
                 os._exit(0)
+            self.profiling.note_crash(exc)
             previous(kind, exc, tb)
 
         sys.excepthook = hook
@@ -544,6 +599,7 @@ class ElasticJob:
             "restarts": self.env.restarts,
             "time": time.time(),
             "user": self.user_state,
+            "profiled": self.profiling.state_dict(),
         }
         if self.model is not None:
             state.update(self.model.training_state())

@@ -28,7 +28,10 @@ to the trainer, which connects Lightning's loop to the :class:`~launcher.elastic
   step, checkpoint, and exit with status 0 as a DDP script does;
 - **metrics**: the job reports step times and noise statistics to the controller; the
   callback also logs ``sia/batch_size`` and ``sia/grad_sqr``/``sia/grad_var`` to
-  Lightning's loggers once per optimizer step.
+  Lightning's loggers once per optimizer step;
+- **profiling** (launcher/elastic/profiling.py): a CUDA out-of-memory error in the training
+  step (the forward pass) or the backward pass of a profiling step is caught here; the
+  training step then gives ``None`` (Lightning skips the batch) and the job drops the step.
 
 The strategy uses the process's job (:func:`launcher.elastic.init` with its defaults, unless
 the script called it first with its own options, e.g. ``checkpoint_interval_s``).
@@ -182,6 +185,26 @@ class ElasticStrategy(DDPStrategy):
         _skip_while_accumulating(self.precision_plugin, "clip_gradients", self.job, model.reduced)
         return model
 
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().training_step(*args, **kwargs)
+        except torch.cuda.OutOfMemoryError as exc:
+            if not self.job.absorb_out_of_memory(exc):
+                raise
+            return None  # Lightning skips the backward; the job drops the step
+
+    def backward(
+        self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        if self.job.dropping:
+            return closure_loss
+        try:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        except torch.cuda.OutOfMemoryError as exc:
+            if not self.job.absorb_out_of_memory(exc):
+                raise
+            return closure_loss.detach()
+
     def teardown(self) -> None:
         if isinstance(self.model, ElasticDataParallel):
             self.model = self.lightning_module
@@ -287,12 +310,12 @@ def _recount_epoch(trainer: pl.Trainer, total: int) -> None:
 def _skip_while_accumulating(
     owner: Any, name: str, job: ElasticJob, before: Callable[[], None] | None = None
 ) -> None:
-    """``owner.name(...)`` does nothing on a micro-batch that is not its step's last, and
-    calls ``before()`` first on the last one."""
+    """``owner.name(...)`` does nothing on a micro-batch that is not its step's last (nor on a
+    dropped profiling step), and calls ``before()`` first on the last one."""
     real = getattr(owner, name)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if job.accumulating:
+        if job.accumulating or job.dropping:
             return None
         if before is not None:
             before()

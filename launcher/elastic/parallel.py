@@ -31,7 +31,10 @@ of the gradients:
   optimizers;
 - **checkpointed state**: the module, optimizer, scheduler and GradScaler state are restored
   from the job's newest checkpoint when the wrapper is made (before DDP broadcasts rank 0's
-  parameters) and saved with it.
+  parameters) and saved with it;
+- **a profiling step that ran out of memory** (launcher/elastic/profiling.py) is dropped:
+  :meth:`recover_from_out_of_memory` frees its gradients and resets DDP's reducer, and the
+  optimizer step and the scaler skip it.
 """
 
 from __future__ import annotations
@@ -185,6 +188,19 @@ class ElasticDataParallel(torch.nn.Module):
         if inverse != 1.0:
             previous.mul_(math.sqrt(inverse))
 
+    def recover_from_out_of_memory(self) -> bool:
+        """After an out-of-memory error in a step that is dropped: its gradients freed and
+        DDP's reducer ready for a new iteration (a backward that failed midway leaves it
+        waiting for the rest of its buckets, and the next forward would fail). False when this
+        torch's DDP has no reset (the error must then end the process)."""
+        reset = getattr(self.ddp.reducer, "_reset_state", None)  # what DDP itself uses
+        if reset is None:
+            return False
+        self.module.zero_grad(set_to_none=True)
+        self.previous_gradient.clear()  # may hold the dropped step's gradient
+        reset()
+        return True
+
     # ---- the user's optimizer and scaler, made accumulation-aware ----------------------------
 
     def _patch_optimizer(self) -> None:
@@ -195,6 +211,8 @@ class ElasticDataParallel(torch.nn.Module):
             if job.accumulating:  # a closure (Lightning passes one) still runs forward/backward
                 closure = kwargs.get("closure", args[0] if args else None)
                 return None if closure is None else closure()
+            if job.dropping:  # a profiling step that ran out of memory: nothing to apply
+                return None
             self.reduced()
             factor = scaling.factor(job.batch.batch_size, job.noise)
             with scaling.applied(optimizer, factor):
@@ -214,16 +232,18 @@ class ElasticDataParallel(torch.nn.Module):
         real_unscale, real_step, real_update = scaler.unscale_, scaler.step, scaler.update
 
         def unscale_(optimizer: torch.optim.Optimizer) -> None:
-            if not job.accumulating:
+            if not job.accumulating and not job.dropping:
                 real_unscale(optimizer)
                 job.stats.scaled = False
                 self.reduced()
 
         def step(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            return None if job.accumulating else real_step(optimizer, *args, **kwargs)
+            if job.accumulating or job.dropping:
+                return None
+            return real_step(optimizer, *args, **kwargs)
 
         def update(new_scale: float | torch.Tensor | None = None) -> None:
-            if not job.accumulating:
+            if not job.accumulating and not job.dropping:
                 real_update(new_scale)
 
         scaler.unscale_ = unscale_  # type: ignore[method-assign]

@@ -3,6 +3,7 @@ planned step with their weights, and what the model wrapper's hooks measured dur
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -68,6 +69,9 @@ class StepStats:
     single_sqr: list[torch.Tensor] = field(default_factory=list)
     single_cross: list[torch.Tensor] = field(default_factory=list)
     step_index: int = -1
+    # when the step's first micro-batch was handed out (perf_counter): the step's compute
+    # starts here (launcher/elastic/devspeed.py stretches it on a dev cluster)
+    started: float = field(default_factory=time.perf_counter)
     sync_ready: float | None = None
     sync_done: float | None = None
     forwarded: bool = False  # a forward pass went through the model wrapper

@@ -235,8 +235,16 @@ class Step:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate ``loss`` (the mean over the current micro-batch); the model wrapper
-        weighs it so that the reduced gradient is the mean over the whole global batch."""
-        loss.backward()
+        weighs it so that the reduced gradient is the mean over the whole global batch. A
+        profiling step that runs out of memory here is dropped (launcher/elastic/profiling.py)."""
+        job = self._trainer.job
+        if job.dropping:
+            return
+        try:
+            loss.backward()
+        except torch.cuda.OutOfMemoryError as exc:
+            if not job.absorb_out_of_memory(exc):
+                raise
 
     def finish(self) -> None:
         """The optimizer step (scaled learning rate) on the reduced gradient, then the step's
@@ -251,7 +259,11 @@ class Step:
                 "no gradient was synchronised this step: call trainer.model(...), not the "
                 "module given to ElasticTrainer, so that DDP reduces the gradients"
             )
-        self._trainer.optimizer.step()
+        try:
+            self._trainer.optimizer.step()  # skipped by the wrapper for a dropped step
+        except torch.cuda.OutOfMemoryError as exc:
+            if not job.absorb_out_of_memory(exc):
+                raise
         self._trainer.optimizer.zero_grad(set_to_none=True)
-        job.end_step(self.plan)
+        job.end_step(self.plan)  # or drops it
         self.finished = True

@@ -225,6 +225,21 @@ def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path)
         )
 
 
+def test_a_profiling_run_gets_its_sweep_and_the_users_step_count(config_path: Path) -> None:
+    config = load_config(config_path)
+    spec = JobSpec(sia_id="s1-abcd", app="cifar10", init_batch_size=0, command=("t.py",))
+    one_gpu = assignment(
+        nodes=1, gpus=1, batch_size=8, local_bsz=8, accum_steps=0, profile_sweep=(2, 4)
+    )
+    allocation = SlurmAllocation.from_env(SLURM)
+    job = job_environment(spec, one_gpu, allocation, config, {"SIA_PROFILE_STEPS": "5"})
+    assert (job.sweep, job.profile_steps) == ((2, 4), 5)
+    assert job.to_env()["SIA_PROFILE_SWEEP"] == "2,4"
+    assert job_environment(spec, assignment(), allocation, config, {}).sweep == ()
+    with pytest.raises(LaunchError, match=r"SIA_PROFILE_STEPS: expected 1\.\.100"):
+        job_environment(spec, one_gpu, allocation, config, {"SIA_PROFILE_STEPS": "0"})
+
+
 # ------------------------------------------------------------------------------------------------
 # Waiting for the grant
 
