@@ -136,13 +136,15 @@
   // "GPU-h (sacct)" (Slurm accounting's charge over all of a job's runs; a report without
   // accounting, such as a simulation, --db, a cluster without slurmdbd or a data file older
   // than the field, has no number for any job) and "note" (why a job is in its state: the
-  // controller's "<stage>: <why>" for a job quarantined in the last round).
+  // controller's "<stage>: <why>" for a job quarantined in the last round); and "profiling
+  // (min)" when some job profiled its model.
   function jobTable(data) {
     const tbody = document.querySelector("#jobs-table tbody");
     const head = document.querySelector("#jobs-table thead tr");
     const jobs = data.jobs || [];
     const accounting = jobs.some((j) => typeof j.accounted_gpu_hours === "number");
     const notes = jobs.some((j) => j.note);
+    const profiled = jobs.some((j) => typeof j.profiling_s === "number");
     // Per column: its value, and for a number its digits and cell class.
     const columns = [
       { value: (j) => j.id }, { value: (j) => j.app }, { value: (j) => j.state },
@@ -152,6 +154,10 @@
       { value: (j) => j.restarts || 0, digits: 0 },
       { value: (j) => (j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / 3600), digits: 2 },
     ];
+    if (profiled) {
+      head.appendChild(el("th", { class: "profiling", title: "minutes the job spent profiling its model on each GPU type (docs/profiling.md)" }, "profiling (min)"));
+      columns.push({ value: (j) => (typeof j.profiling_s === "number" ? j.profiling_s / 60 : null), digits: 1, cls: "num profiling" });
+    }
     if (accounting) {
       head.appendChild(el("th", { class: "accounted", title: "GPU-hours sacct accounted over all the job's Slurm runs" }, "GPU-h (sacct)"));
       columns.push({ value: (j) => j.accounted_gpu_hours ?? null, digits: 3, cls: "num accounted" });

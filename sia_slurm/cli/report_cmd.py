@@ -170,18 +170,24 @@ def gpu_history(job: JobRow) -> str:
 
 
 def format_table(data: ReportData) -> str:
-    """The job table as fixed-width text, followed by the summary lines. The ``GPU-h (sacct)``
-    column (Slurm accounting's charge over all the job's runs) is there only when the report
-    has accounting, as in ``status``. Every cell and summary line is escaped
+    """The job table as fixed-width text, followed by the summary lines. The ``profiling``
+    column (how long a job profiled its model) is there only when some job profiled; the
+    ``GPU-h (sacct)`` column (Slurm accounting's charge over all the job's runs) only when
+    the report has accounting, as in ``status``. Every cell and summary line is escaped
     (:func:`~sia_slurm.text.printable`): job ids and apps are the users'."""
     accounting = any(job.accounted_gpu_hours is not None for job in data.jobs)
-    header = ("job", "app", "state", "JCT", "restarts",
+    profiled = any(job.profiling_s is not None for job in data.jobs)
+    header = ("job", "app", "state", "JCT", *(("profiling",) if profiled else ()), "restarts",
               *(("GPU-h (sacct)",) if accounting else ()), "GPU type:count history")  # fmt: skip
     rows: list[Sequence[str]] = [header]
     for job in data.jobs:
         jct = "-" if job.jct_s is None else _minutes(job.jct_s)
         charged = () if not accounting else (f"{job.accounted_gpu_hours or 0.0:.3f}",)
-        cells = (job.id, job.app, job.state, jct, str(job.restarts), *charged, gpu_history(job))
+        profiling = () if not profiled else (
+            "-" if job.profiling_s is None else _minutes(job.profiling_s),
+        )  # fmt: skip
+        cells = (job.id, job.app or "-", job.state, jct, *profiling, str(job.restarts), *charged,
+                 gpu_history(job))  # fmt: skip
         rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     lines = [

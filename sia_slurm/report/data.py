@@ -55,6 +55,8 @@ class JobRow:
     segments: tuple[Segment, ...] = ()
     accounted_gpu_hours: float | None = None
     note: str = ""
+    # Seconds the job spent profiling its model (docs/profiling.md); None: it never did
+    profiling_s: float | None = None
 
 
 @dataclass(frozen=True)

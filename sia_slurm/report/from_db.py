@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sia_slurm.controller import Decision
+from sia_slurm.controller.profiling import PROFILING_NOTE
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.protocol import METRICS_FILE, MetricsReport, ProtocolError, StatePaths, from_json
@@ -67,6 +68,7 @@ class _DecisionPoint:
     batch_size: int
     goodput: float
     quarantined: bool = False
+    profiling: bool = False  # the job was profiling (docs/profiling.md)
 
 
 def report_from_db(
@@ -144,7 +146,7 @@ def _rounds(store: Store) -> list[RoundRow]:
 def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
     rows = store.conn.execute(
         "SELECT d.round_index, d.sia_id, d.action, d.before, d.after, d.batch_size, d.goodput, "
-        "r.time FROM decisions d JOIN rounds r ON r.round_index = d.round_index "
+        "d.note, r.time FROM decisions d JOIN rounds r ON r.round_index = d.round_index "
         "ORDER BY d.sia_id, d.round_index"
     ).fetchall()
     by_job: dict[str, list[_DecisionPoint]] = {}
@@ -158,6 +160,7 @@ def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
                 row["batch_size"],
                 row["goodput"],
                 held,
+                str(row["note"] or "").startswith(PROFILING_NOTE),
             )
         )
     return by_job
@@ -274,7 +277,17 @@ def _job_row(
         finish_time=None if finish is None else finish - origin,
         jct_s=None if finish is None or job.phase != "done" else finish - submit,
         segments=segments_from_decisions(decisions, segment_end, origin),
+        profiling_s=profiling_time(decisions),
     )
+
+
+def profiling_time(decisions: Sequence[_DecisionPoint]) -> float | None:
+    """How long the job profiled: from its first decision to the first that no longer says
+    it profiles (``None`` if it never profiled; to its last decision while it still does)."""
+    if not decisions or not decisions[0].profiling:
+        return None
+    after = next((d for d in decisions if not d.profiling), decisions[-1])
+    return after.time - decisions[0].time
 
 
 def quarantined_rows(
