@@ -142,3 +142,38 @@ def test_a_hostile_profile_document_is_refused_while_other_jobs_go_on(site: Site
     assert "step_time: expected seconds > 0" in refused
     assert not list((site.paths.state_dir / "profiles").glob("*/evilnet.json"))
     assert site.events("honest", "start")
+
+
+def test_a_profiling_run_whose_node_dies_resumes_its_profiling(site: Site) -> None:
+    """The node under the second profiling run dies (its slurmd and the job's processes
+    SIGKILLed): Slurm requeues the job, the controller starts it again, and the profiling goes
+    on with the type measured before it (never measured again) until every type is in."""
+    submit(site, "nf", "nodefail", "--sweep-s", "6")
+    starts: list[dict[str, Any]] = []
+    victim = ""
+    for _ in range(16):
+        played = site.round()
+        if not played.decisions["nf"].get("note", "").startswith("profiling:"):
+            break
+        if played.actions.get("nf", {}).get("kind") not in ("start", "move"):
+            continue
+        starts.append(site.wait_started("nf", played.index))
+        if len(starts) == 1:
+            wait_profiled(site, "nf", starts[0]["partition"])
+        elif not victim:  # the second type's run: its node dies before it has measured
+            victim = starts[-1]["node_list"]
+            site.cluster.kill_slurmd(victim, jobs=True)
+            site.cluster.wait_for_node(victim, lambda state: "DOWN" in state, "DOWN", 90)
+        else:
+            wait_profiled(site, "nf", starts[-1]["partition"])
+    else:
+        raise AssertionError("still profiling after 16 rounds")
+    try:
+        assert victim, starts
+        kinds = [e["gpu_type"] for e in site.events("nf", "profiled")]
+        assert sorted(kinds) == ["a100", "rtx", "t4"], kinds  # each type measured once
+        assert starts[0]["partition"] not in [s["partition"] for s in starts[1:]]
+        assert list((site.paths.state_dir / "profiles").glob("*/nodefail.json"))
+    finally:
+        site.cluster.start_slurmd(victim)
+        site.cluster.resume(victim)
