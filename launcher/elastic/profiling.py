@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +66,7 @@ Timing = tuple[float, float]  # (step_time, sync_time) of one step, seconds
 
 @dataclass(frozen=True)
 class MeasuredType:
-    """One GPU type's sweep: the largest per-GPU batch that fitted, the mean times of each
+    """One GPU type's sweep: the largest per-GPU batch that fitted, the median times of each
     batch measured (``(local_bsz, step_time, sync_time)``), and who measured it when."""
 
     max_local_bsz: int
@@ -121,8 +121,10 @@ class ProfileSweep:
         if self._taken > 1 and timing is not None:  # the first step at a batch warms up
             self._times.append(timing)
         if len(self._times) >= self.steps:
-            step = math.fsum(t for t, _ in self._times) / len(self._times)
-            sync = math.fsum(s for _, s in self._times) / len(self._times)
+            # The median: one step slowed by something else on the node (a checkpoint, a
+            # neighbour) must not make a small batch look slower than a larger one.
+            step = statistics.median(t for t, _ in self._times)
+            sync = statistics.median(s for _, s in self._times)
             self._points.append((self.batches[self._index], step, min(sync, step * 0.999)))
             self._next()
         elif self._taken >= PATIENCE * (self.steps + 1):

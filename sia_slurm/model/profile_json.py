@@ -174,9 +174,10 @@ def _placement(observation: Observation) -> str:
 # How step times must grow with the per-GPU batch on one type. Small batches are dominated by
 # overheads and noisy: the artifact's 1-GPU traces shipped in profiles/ have yolov3 on v100 41%
 # faster at batch 24 than at a smaller one, and ncf on dgx only 16% slower at batch 32768 than at
-# 32. So a point may be up to POINT_SLACK faster than a smaller batch's slowest, and the largest
-# batch must not be faster than the smallest: a broken timer, or a job trying to look cheap at
-# large batches, fails one or the other.
+# 32; a small model measured by its own sweep on the dev cluster was 12% faster at batch 64 than
+# at 1 (steps of 5-25 ms, all overhead). So a point may be up to POINT_SLACK faster than a
+# smaller batch's slowest, and no more: a broken timer, or a job trying to look cheap at large
+# batches, fails that.
 POINT_SLACK = 0.5
 
 
@@ -204,9 +205,6 @@ def measured_problems(profile: AppProfile, required_types: Collection[str]) -> l
 
 def _shrinking(points: list[tuple[int, float]]) -> str:
     """How ``(local batch, step time)`` points, sorted by batch, shrink where they must grow."""
-    (small, first), (large, last) = points[0], points[-1]
-    if last < first:
-        return f"{last:.4g} s at a per-GPU batch of {large}, below {first:.4g} s at {small}"
     slowest = 0.0
     for local_bsz, step_time in points:
         if step_time < slowest * (1 - POINT_SLACK):

@@ -149,6 +149,7 @@ def log_decision(round_index: int, decision: Decision, dry_run: bool) -> None:
         local_bsz=decision.local_bsz,
         accum_steps=decision.accum_steps,
         goodput=round(decision.goodput, 6),
+        throughput=round(decision.throughput, 6),
         note=decision.note,
     )
 
@@ -159,6 +160,8 @@ def action_fields(action: Action) -> dict[str, Any]:
     if isinstance(action, Start | Move):
         fields["config"] = str(action.config)
         fields["nodes"] = ",".join(f"{s.node}:{s.gpus}" for s in action.placement)
+        if action.profile_sweep:  # a profiling run (docs/profiling.md)
+            fields["profile_sweep"] = ",".join(str(b) for b in action.profile_sweep)
     if isinstance(action, Start | Move | Rebatch):
         fields["batch_size"] = action.batch.batch_size
         fields["local_bsz"] = action.batch.local_bsz

@@ -177,3 +177,61 @@ def test_a_profiling_run_whose_node_dies_resumes_its_profiling(site: Site) -> No
     finally:
         site.cluster.start_slurmd(victim)
         site.cluster.resume(victim)
+
+
+def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Site) -> None:
+    """The transformer example (ElasticTrainer, real torch, gloo) submitted with sia-sbatch
+    and no profile: sia-launch gives its run the sweep, the job measures each type it is
+    given (the dev cluster's TaskProlog slows the slower types and caps their memory), the
+    controller builds its model from what it measured, and the job trains to its end."""
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher.sbatch", "--config", str(site.config_path),
+         "--batch-size", "8", "--max-batch-size", "64", "--max-gpus", "2",
+         f"--output={site.root / 'lm.out'}", "--export=ALL,SIA_METRICS_INTERVAL_S=1",
+         "--", sys.executable, "-m", "launcher.examples.transformer",
+         "--epochs", "1000", "--max-steps", "3000", "--dataset-size", "512"],
+        env=site.env(), cwd=site.root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    slurm_id = done.stdout.split()[-1]  # "Submitted batch job N"
+    site.slurm_ids.append(slurm_id)
+    (sia_id,) = [p.name for p in site.paths.jobs_dir.iterdir()]
+    profiled_doc = site.paths.profiled(sia_id)
+    types: list[str] = []
+    for _ in range(30):
+        played = site.round()
+        decision = played.decisions.get(sia_id, {})
+        if not decision.get("note", "").startswith("profiling:"):
+            break
+        if played.actions.get(sia_id, {}).get("kind") in ("start", "move"):
+            gpu_type = played.actions[sia_id]["config"].split(":")[0]
+            types.append(gpu_type)
+            wait_for(
+                lambda t=gpu_type: (
+                    profiled_doc.exists()
+                    and {"a100": "dgx"}.get(t, t)
+                    in json.loads(profiled_doc.read_text())["max_local_bsz"]
+                ),
+                f"{sia_id} measured {gpu_type}",
+                timeout_s=240,
+                diagnose=lambda: (site.root / "lm.out").read_text(errors="replace")[-3000:],
+            )
+    else:
+        raise AssertionError("still profiling after 30 rounds")
+    assert sorted(types) == ["a100", "rtx", "t4"], types
+    document = json.loads(profiled_doc.read_text())
+    limits = document["max_local_bsz"]
+    # The emulated memory caps the sweep (t4 16 GB < a100 40 GB); the speed factors make t4
+    # slower than a100 at the same batch.
+    assert limits["dgx"] == 64 and limits["t4"] == 64 and limits["rtx"] == 64, limits
+    step = {(p["gpu_type"], p["local_bsz"]): p["step_time"] for p in document["seed"]}
+    assert step[("t4", 64)] > 2 * step[("dgx", 64)], step
+    # Scheduled from its profile now; left where it is, it trains to its end.
+    wait_for(
+        lambda: site.slurm_job(slurm_id)["JobState"] == "COMPLETED",
+        f"{sia_id} completed",
+        timeout_s=400,
+        diagnose=lambda: (site.root / "lm.out").read_text(errors="replace")[-3000:],
+    )
+    site.round()
+    assert site.job_phases()[sia_id] == "done"
