@@ -72,6 +72,9 @@ class Decision:
     accum_steps: int = 0
     goodput: float = 0.0  # predicted samples/s at M0-equivalent efficiency
     note: str = ""
+    # Predicted raw samples/s of ``after`` at this batch, before statistical efficiency (0:
+    # none, or a database written before the field): see JobAllocation.throughput.
+    throughput: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -532,4 +535,5 @@ def _decision(
         accum_steps=share.accum_steps,
         goodput=share.goodput,
         note=note,
+        throughput=share.throughput,
     )

@@ -150,6 +150,11 @@ class JobAllocation:
     local_bsz: int
     accum_steps: int
     goodput: float  # predicted, samples per second; used by placement to rank evictions
+    # The predicted raw samples per second of ``config`` at this batch (``goodput`` is this
+    # times the statistical efficiency of the round's gradient statistics). Kept apart so the
+    # dashboard can set a prediction against a measurement with the *same* statistics: a job's
+    # statistics move between the round that decided and its last report (report/from_db.py).
+    throughput: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,7 @@ def allocation_from_row(config: Configuration, row: GoodputRow, index: int) -> J
         local_bsz=int(row.local_bsz[index]),
         accum_steps=int(row.accum_steps[index]),
         goodput=float(row.goodput[index]),
+        throughput=float(row.throughput[index]),
     )
 
 

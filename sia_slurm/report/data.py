@@ -38,6 +38,29 @@ class JobRow:
     ``note`` says why a job is in its state, where that is not plain: for a job quarantined in
     the last recorded round (``state == "quarantined"``) the controller's reason,
     ``<stage>: <why>``. Empty otherwise; the site adds its column only when some job has one.
+
+    ``goodput_measured`` and ``goodput_predicted`` (samples per second, M0-equivalent: raw
+    samples/s times the statistical efficiency at the batch relative to the job's M0, 1 on
+    both for a spec without an M0) are a pair that means the same thing (issue 34), so that
+    they can be compared:
+
+    * both are of the *shape the job's newest metrics report measured* (GPU type, nodes,
+      GPUs, per-GPU batch and accumulation), which may differ from ``gpu_type``/``gpus``/
+      ``batch_size`` (the last decision's, e.g. a rebatch decided after that report, which a
+      job that finished first never ran);
+    * both use *the report's gradient statistics* for the efficiency: measured is the report's
+      throughput (global batch / time of an optimizer step) times it; predicted is the
+      throughput the controller predicted for that shape, in the newest decision that assigned
+      exactly it, times it. The efficiency is measured by the job, not predicted, and moves as
+      it trains; the decision's own goodput carries its round's (a minutes-long demo job goes
+      through its app's whole training, ncf from 0.37 to 0.999 at its batch).
+
+    So their ratio is the throughput model's error on what the job ran. ``goodput_predicted``
+    is ``None`` when no decision assigned the reported shape; without a report it is the
+    goodput of the last decision that gave the job GPUs (nothing measured to set it against)
+    and ``goodput_measured`` is ``None``. A database written before decisions kept their
+    throughput gives the matching decision's own goodput (its round's statistics). A
+    simulation has no measured goodput; its predicted one is the simulator's own.
     """
 
     id: str

@@ -6,20 +6,30 @@ What comes from where (schema: :mod:`sia_slurm.state.store`):
 * one :class:`RoundPoint` per ``rounds`` row: GPUs the round allocated and GPUs usable per
   type, the policy's solve time, running (incl. restoring) and pending jobs;
 * one :class:`JobRow` per ``jobs`` row: phase, restarts, submission and finish; the GPU type,
-  GPU count, batch and *predicted* goodput of the last decision that gave the job GPUs (a
-  finished job has no current configuration any more, its last decision still says what it ran
-  on); the timeline segments from the per-round decisions (a segment per run of rounds with the
-  same configuration, ending at the next change, the job's finish or the last round; a round
-  that quarantined the job counts with the configuration it held, which stays its own);
+  GPU count and batch of the last decision that gave the job GPUs (a finished job has no
+  current configuration any more, its last decision still says what it ran on); the timeline
+  segments from the per-round decisions (a segment per run of rounds with the same
+  configuration, ending at the next change, the job's finish or the last round; a round that
+  quarantined the job counts with the configuration it held, which stays its own);
 * the jobs the *last* round quarantined (a ``decisions`` row with action
   :data:`~sia_slurm.controller.quarantine.QUARANTINED`): state ``quarantined`` and the reason,
   ``<stage>: <why>``, as the row's ``note`` (see :func:`quarantined_rows`); a job out of
   quarantine shows its phase again;
-* the *measured* goodput of a job from its newest metrics report: throughput of the reported
-  shape times the statistical efficiency of its gradient statistics at its batch, relative to
-  M0. Reports of finished jobs are dropped from the database, so for them the job's metrics
-  file (``<state_dir>/jobs/<id>/metrics.json``, the last report the job wrote) is read when
-  a state directory is given;
+* the *measured* and *predicted* goodput of a job, a pair that means the same thing
+  (:func:`goodput_pair`, issue 34): both are for the shape the job's newest metrics report
+  measured (GPU type, nodes, GPUs, per-GPU batch, accumulation), and both apply the
+  statistical efficiency of that report's gradient statistics at its batch relative to M0.
+  Measured: the report's throughput times it. Predicted: the throughput the controller
+  predicted for that shape in the newest decision that assigned exactly it, times it. So the
+  two differ by the throughput model's error on what the job ran, and by nothing else: not by
+  a batch or a move decided after the report (which the job may never have run), not by
+  statistics that moved since the decision (a demo job goes through its whole training in
+  minutes). Without a report the predicted goodput is the last granting decision's own; a
+  database written before decisions kept their throughput (schema 1) gives the matching
+  decision's own goodput, with the statistics of its round. Reports of finished jobs are
+  dropped from the database, so for them the job's metrics file
+  (``<state_dir>/jobs/<id>/metrics.json``, the last report the job wrote) is read when a
+  state directory is given;
 * the *accounted* GPU-hours of a job, when the caller passes what Slurm accounting charged
   each job over all its Slurm runs (``sia-slurm report --config`` asks ``sacct`` exactly as
   ``sia-slurm status`` does); without it every row's ``accounted_gpu_hours`` is ``None``.
@@ -69,6 +79,9 @@ class _DecisionPoint:
     goodput: float
     quarantined: bool = False
     profiling: bool = False  # the job was profiling (docs/profiling.md)
+    local_bsz: int = 0
+    accum_steps: int = 0
+    throughput: float = 0.0  # predicted raw samples/s of ``after`` (0: not kept, schema 1)
 
 
 def report_from_db(
@@ -146,8 +159,8 @@ def _rounds(store: Store) -> list[RoundRow]:
 def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
     rows = store.conn.execute(
         "SELECT d.round_index, d.sia_id, d.action, d.before, d.after, d.batch_size, d.goodput, "
-        "d.note, r.time FROM decisions d JOIN rounds r ON r.round_index = d.round_index "
-        "ORDER BY d.sia_id, d.round_index"
+        "d.note, d.local_bsz, d.accum_steps, d.throughput, r.time FROM decisions d "
+        "JOIN rounds r ON r.round_index = d.round_index ORDER BY d.sia_id, d.round_index"
     ).fetchall()
     by_job: dict[str, list[_DecisionPoint]] = {}
     for row in rows:
@@ -161,6 +174,9 @@ def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
                 row["goodput"],
                 held,
                 str(row["note"] or "").startswith(PROFILING_NOTE),
+                row["local_bsz"],
+                row["accum_steps"],
+                row["throughput"],
             )
         )
     return by_job
@@ -261,6 +277,11 @@ def _job_row(
         config = (job.config["gpu_type"], job.config["nodes"], job.config["gpus"])
     batch = (job.batch or {}).get("batch_size") or (last.batch_size if last else 0)
     segment_end = finish if finish is not None else (job.last_seen or end)
+    init_batch_size = int(job.spec.get("init_batch_size") or 0)
+    if report is not None:
+        predicted, measured = goodput_pair(report, decisions, init_batch_size)
+    else:  # nothing measured to set it against: what the controller expects of its grant
+        predicted, measured = (last.goodput if last and last.goodput > 0 else None), None
     return JobRow(
         id=job.sia_id,
         app=str(job.spec.get("app", "")),
@@ -269,10 +290,8 @@ def _job_row(
         gpu_type=config[0] if config else "",
         gpus=config[2] if config else 0,
         batch_size=int(batch),
-        goodput_predicted=last.goodput if last and last.goodput > 0 else None,
-        goodput_measured=measured_goodput(report, int(job.spec.get("init_batch_size") or 0))
-        if report
-        else None,
+        goodput_predicted=predicted,
+        goodput_measured=measured,
         restarts=job.restarts,
         finish_time=None if finish is None else finish - origin,
         jct_s=None if finish is None or job.phase != "done" else finish - submit,
@@ -359,11 +378,46 @@ def measured_goodput(report: MetricsReport, init_batch_size: int) -> float:
     """
     batch = report.gpus * report.local_bsz * (report.accum_steps + 1)
     iteration = report.accum_steps * (report.step_time - report.sync_time) + report.step_time
-    throughput = batch / iteration
+    return batch / iteration * report_efficiency(report, init_batch_size)
+
+
+def report_efficiency(report: MetricsReport, init_batch_size: int) -> float:
+    """Statistical efficiency of the report's gradient statistics at the report's global
+    batch, relative to M0 (1.0 without an M0): the one factor both goodput columns apply."""
     if init_batch_size <= 0:
-        return throughput
+        return 1.0
+    batch = report.gpus * report.local_bsz * (report.accum_steps + 1)
     stats = GradientStats(report.grad_sqr, report.grad_var)
-    return float(throughput * efficiency(stats, init_batch_size, batch))
+    return float(efficiency(stats, init_batch_size, batch))
+
+
+def goodput_pair(
+    report: MetricsReport, decisions: Sequence[_DecisionPoint], init_batch_size: int
+) -> tuple[float | None, float]:
+    """(predicted, measured) goodput of the shape ``report`` measured, on the same statistics.
+
+    Why not the last decision's goodput against the report (what the dashboard showed before,
+    2-21x apart on the demo's short jobs): that decision may be a rebatch or a move the job
+    never ran (it finished first), and its goodput carries the statistics of its round, while
+    the report's are the job's newest; an emulated demo job goes through its app's whole
+    statistical trajectory in minutes (ncf: efficiency 0.37 at the decision, 0.999 at its
+    last report). So the prediction is taken from the newest decision that assigned exactly
+    the reported shape (not a quarantined or profiling round, whose numbers are placeholders),
+    and its predicted throughput is put on the report's statistical efficiency, the factor
+    the measured side applies too. ``None`` when no decision assigned that shape (nothing was
+    predicted for it). A decision without a kept throughput (schema 1) gives its own goodput.
+    """
+    measured = measured_goodput(report, init_batch_size)
+    shape = (f"{report.gpu_type}:{report.nodes}x{report.gpus}", report.local_bsz)
+    for point in reversed(decisions):
+        if point.quarantined or point.profiling or point.goodput <= 0:
+            continue
+        if ((point.after, point.local_bsz), point.accum_steps) != (shape, report.accum_steps):
+            continue
+        if point.throughput <= 0:  # decided before decisions kept it: the goodput it had
+            return point.goodput, measured
+        return point.throughput * report_efficiency(report, init_batch_size), measured
+    return None, measured
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from sia_slurm.core import NodeView
 from sia_slurm.protocol import to_json
 from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 logger = logging.getLogger(__name__)
 GONE = "gone"  # jobs.phase of a job that left the snapshots without finishing
 DEFAULT_KEEP_ROUNDS = 7 * 24 * 60  # a week of 60 s rounds of history (decisions, done actions)
@@ -91,6 +91,7 @@ CREATE TABLE decisions (
     accum_steps INTEGER NOT NULL,
     goodput REAL NOT NULL,
     note TEXT NOT NULL,
+    throughput REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (round_index, sia_id)
 );
 CREATE INDEX decisions_by_job ON decisions (sia_id, round_index);
@@ -224,12 +225,19 @@ class Store:
         if version == SCHEMA_VERSION:
             return
         with self.transaction():
-            if self.schema_version == 0:  # re-read under the write lock: another may have won
+            version = self.schema_version  # re-read under the write lock: another may have won
+            if version == 0:
                 # One statement at a time: executescript would commit the open transaction.
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         self.conn.execute(statement)
-                self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version == 1:
+                # Version 2: a decision keeps its predicted throughput apart from its goodput
+                # (Decision.throughput); the rounds decided before read 0 there, "not kept".
+                self.conn.execute(
+                    "ALTER TABLE decisions ADD COLUMN throughput REAL NOT NULL DEFAULT 0"
+                )
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @property
     def schema_version(self) -> int:
@@ -406,7 +414,7 @@ class Store:
         )
         self.conn.execute("DELETE FROM decisions WHERE round_index = ?", (outcome.round_index,))
         self.conn.executemany(
-            "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(outcome.round_index, *_decision_values(d)) for d in outcome.decisions],
         )
 
@@ -531,6 +539,7 @@ def _decision_values(d: Decision) -> tuple[Any, ...]:
         d.accum_steps,
         d.goodput,
         d.note,
+        d.throughput,
     )
 
 
@@ -546,4 +555,5 @@ def _decision(row: sqlite3.Row) -> Decision:
         accum_steps=row["accum_steps"],
         goodput=row["goodput"],
         note=row["note"],
+        throughput=row["throughput"],
     )

@@ -70,6 +70,33 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         Store.open(path)
 
 
+def test_schema_1_gains_the_decisions_throughput(tmp_path: Path) -> None:
+    """A database of schema 1 (decisions without ``throughput``, issue 34) is upgraded in
+    place: its decisions read 0 there ("not kept"), and the table has a new one's columns,
+    so the rounds recorded from now on insert as into a new database."""
+    from sia_slurm.state.store import _SCHEMA
+
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:
+        line = "    throughput REAL NOT NULL DEFAULT 0,\n"
+        assert line in _SCHEMA
+        conn.executescript(_SCHEMA.replace(line, ""))
+        conn.execute("PRAGMA user_version=1")
+        conn.execute(
+            "INSERT INTO decisions VALUES (3, 'j1', 'running', 'keep', 'a100:1x2', 'a100:1x2', "
+            "256, 128, 0, 1234.5, '')"
+        )
+    with Store.open(old, create=False) as store:
+        assert store.schema_version == SCHEMA_VERSION == 2
+        decision = store.decisions(3)["j1"]
+        assert (decision.after, decision.local_bsz, decision.goodput) == ("a100:1x2", 128, 1234.5)
+        assert decision.throughput == 0.0
+        migrated = store.conn.execute("PRAGMA table_info(decisions)").fetchall()
+    with Store.open(tmp_path / "new.db") as fresh:
+        created = fresh.conn.execute("PRAGMA table_info(decisions)").fetchall()
+    assert [tuple(c) for c in migrated] == [tuple(c) for c in created]
+
+
 def test_missing_database_without_create(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no state database"):
         Store.open(tmp_path / "sia.db", create=False)
