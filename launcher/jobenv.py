@@ -24,6 +24,7 @@ DEFAULT_METRICS_INTERVAL_S = 30.0
 DEFAULT_LINGER_S = 600.0
 DEFAULT_POLL_INTERVAL_S = 1.0
 DEFAULT_PROFILE_STEPS = 3
+DEFAULT_PROFILE_MIN_S = 0.25
 MAX_PROFILE_STEPS = 100
 
 
@@ -43,7 +44,8 @@ class JobEnvironment:
     name the Slurm run the process trains in (:meth:`hostnames`).
     ``profile_sweep`` (the assignment's, comma-separated) makes the run a profiling run
     (``docs/profiling.md``): :attr:`sweep` is its increasing per-GPU batches, each trained
-    for one warm-up and ``profile_steps`` measured steps.
+    for one warm-up and ``profile_steps`` measured steps, and at least ``profile_min_s``
+    seconds of them (more steps where steps are short: a few milliseconds each are noise).
     """
 
     sia_id: str
@@ -69,6 +71,7 @@ class JobEnvironment:
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     profile_sweep: str = ""
     profile_steps: int = DEFAULT_PROFILE_STEPS
+    profile_min_s: float = DEFAULT_PROFILE_MIN_S
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus", "local_bsz", "init_batch_size", "max_batch_size"):
@@ -94,6 +97,10 @@ class JobEnvironment:
             raise JobEnvironmentError(
                 f"{env_name('profile_steps')}: expected 1..{MAX_PROFILE_STEPS} measured steps, "
                 f"got {self.profile_steps}"
+            )
+        if not (math.isfinite(self.profile_min_s) and 0 <= self.profile_min_s <= 60):
+            raise JobEnvironmentError(
+                f"{env_name('profile_min_s')}: expected 0..60 seconds, got {self.profile_min_s}"
             )
         parse_sweep(self.profile_sweep)  # fails here, naming the variable, not mid-training
 

@@ -30,6 +30,7 @@ Exit statuses and the whole job side of the protocol: ``docs/protocol.md``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import re
@@ -55,6 +56,7 @@ from launcher.jobenv import (
     DEFAULT_LINGER_S,
     DEFAULT_METRICS_INTERVAL_S,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PROFILE_MIN_S,
     DEFAULT_PROFILE_STEPS,
     MAX_PROFILE_STEPS,
     JobEnvironment,
@@ -214,6 +216,7 @@ def job_environment(
         poll_interval_s=_seconds(environ, "poll_interval_s", DEFAULT_POLL_INTERVAL_S),
         profile_sweep=",".join(str(batch) for batch in assignment.profile_sweep),
         profile_steps=_profile_steps(environ),
+        profile_min_s=_profile_min_s(environ),
     )
 
 
@@ -454,6 +457,21 @@ def _profile_steps(environ: Mapping[str, str]) -> int:
         raise LaunchError(f"{name}: expected an integer, got {raw!r}") from None
     if not 1 <= value <= MAX_PROFILE_STEPS:
         raise LaunchError(f"{name}: expected 1..{MAX_PROFILE_STEPS} measured steps, got {raw!r}")
+    return value
+
+
+def _profile_min_s(environ: Mapping[str, str]) -> float:
+    """The user's ``SIA_PROFILE_MIN_S`` (seconds each batch of a sweep is timed over, 0..60)."""
+    name = env_name("profile_min_s")
+    raw = environ.get(name)
+    if raw is None:
+        return DEFAULT_PROFILE_MIN_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise LaunchError(f"{name}: expected seconds, got {raw!r}") from None
+    if not (math.isfinite(value) and 0 <= value <= 60):
+        raise LaunchError(f"{name}: expected 0..60 seconds, got {raw!r}")
     return value
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -60,6 +61,11 @@ TRYING_FILE = "profiling-try.json"  # in the checkpoint directory: the batch bei
 # Steps one batch may take without enough timed ones (an epoch's uneven last step is not
 # timed; a dataset smaller than the batch never gives a timed step) before the sweep ends.
 PATIENCE = 4
+# A batch is timed over at least SIA_PROFILE_MIN_S (more steps than SIA_PROFILE_STEPS where
+# steps are short, up to MAX_STEPS): steps of a few milliseconds are all noise one by one (a
+# small model on a busy CPU measured 0.03 s at a per-GPU batch of 8, 0.013 s at 16, 3 steps
+# each).
+MAX_STEPS = 64
 
 Timing = tuple[float, float]  # (step_time, sync_time) of one step, seconds
 
@@ -94,8 +100,11 @@ class ProfileSweep:
     removed); each gets one warm-up step and ``steps`` timed steps.
     """
 
-    def __init__(self, gpu_type: str, batches: tuple[int, ...], steps: int):
+    def __init__(
+        self, gpu_type: str, batches: tuple[int, ...], steps: int, min_seconds: float = 0.0
+    ):
         self.gpu_type = gpu_type
+        self.min_seconds = min_seconds
         self.batches = batches
         self.steps = steps
         self.failed = False  # the batch being tried ran out of memory; its step is dropped
@@ -120,14 +129,18 @@ class ProfileSweep:
         self._taken += 1
         if self._taken > 1 and timing is not None:  # the first step at a batch warms up
             self._times.append(timing)
-        if len(self._times) >= self.steps:
+        timed = math.fsum(t for t, _ in self._times)
+        enough = len(self._times) >= self.steps and (
+            timed >= self.min_seconds or len(self._times) >= MAX_STEPS
+        )
+        if enough:
             # The median: one step slowed by something else on the node (a checkpoint, a
             # neighbour) must not make a small batch look slower than a larger one.
             step = statistics.median(t for t, _ in self._times)
             sync = statistics.median(s for _, s in self._times)
             self._points.append((self.batches[self._index], step, min(sync, step * 0.999)))
             self._next()
-        elif self._taken >= PATIENCE * (self.steps + 1):
+        elif self._taken >= PATIENCE * (MAX_STEPS + 1):
             logger.warning(
                 "profiling %s: no %d timed steps at a per-GPU batch of %d in %d steps; the "
                 "sweep ends below it",
@@ -199,14 +212,15 @@ class JobProfiling:
         self._assigned = assigned
         gpu_type, sweep = self.env.profile_gpu_type, self.env.sweep
         if not sweep:
-            return assigned
+            if gpu_type not in self.measured:
+                return assigned
+            self.limit = self.measured[gpu_type].max_local_bsz  # what fits, as measured
+            return fit_batch(assigned, self.limit)
         if replicas != 1:
             logger.warning("profiling needs one replica, this run has %d: no sweep", replicas)
             return assigned
-        if gpu_type in self.measured:
-            self.limit = self.measured[gpu_type].max_local_bsz
-            logger.info("profiling: %s is measured already (checkpoint): no sweep", gpu_type)
-            return fit_batch(assigned, self.limit)
+        if gpu_type in self.measured:  # the controller did not take it: measured again
+            logger.info("profiling: %s was measured before; measuring it again", gpu_type)
         memory = emulated_memory(self.env.gpu_type)
         crashed = self._crashed_try(gpu_type)
         batches = tuple(
@@ -220,7 +234,9 @@ class JobProfiling:
             "" if memory is None else f" (emulated memory: {memory})",
             "" if crashed is None else f" (a run died trying {crashed})",
         )
-        self.sweep = ProfileSweep(gpu_type, batches, self.env.profile_steps)
+        self.sweep = ProfileSweep(
+            gpu_type, batches, self.env.profile_steps, self.env.profile_min_s
+        )
         if not self.sweep.running:
             return self._finish()
         self._write_try()

@@ -123,6 +123,8 @@ class Profiling:
     # sia id -> the run (restarts, profile type) whose measurement was last refused: it is
     # measured again in another run
     refused_run: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # profile type -> the digest of its last refused points (not counted twice)
+    judged: dict[str, str] = field(default_factory=dict)
     # sia id -> (restarts, profile type, since when) of the run it is on
     on_since: dict[str, tuple[int, str, float]] = field(default_factory=dict)
 
@@ -146,6 +148,7 @@ class Profiling:
             "seen": dict(self.seen),
             "refused_run": {j: list(run) for j, run in self.refused_run.items()},
             "on_since": {j: list(run) for j, run in self.on_since.items()},
+            "judged": dict(self.judged),
         }
 
     @classmethod
@@ -173,6 +176,7 @@ class Profiling:
                 str(j): (int(r), str(t), float(since))
                 for j, (r, t, since) in data.get("on_since", {}).items()
             },
+            judged={str(t): str(f) for t, f in data.get("judged", {}).items()},
         )
 
     # ---- what the job measured ---------------------------------------------------------------
@@ -186,11 +190,13 @@ class Profiling:
         version: str = "",
     ) -> str:
         """Take the types of ``document`` (job ``sia_id``'s ``profiled.json``) that the job
-        was given and that are not measured yet, each checked; why it was refused (``""``
-        when taken or unchanged). ``run`` is the job's run (restarts, profile type): a
-        refusal counts against its type, and that run is not offered the type again.
-        ``version`` tells writes of the file apart (the same content written again is
-        measured again); without it, the content does."""
+        was given and that are not measured yet, each checked on its own; why something was
+        refused (``""`` when all was taken, or nothing was new). ``run`` is the job's run
+        (restarts, profile type). A document that is not a profile, or names a type the job
+        was never given, is refused as a whole against the run's type; a type whose points
+        are not sound is refused alone, once per set of points (the job keeps a refused type
+        in its document until it measures it again). ``version`` tells writes of the file
+        apart (the same content written again is read again); without it, the content does."""
         text = _fingerprint({"document": document, "version": version})
         if self.seen.get(sia_id) == text:
             return ""
@@ -205,24 +211,32 @@ class Profiling:
                     f"{where}: seed: type(s) {', '.join(lied)} measured, but the job was "
                     f"given only {', '.join(sorted(given)) or 'none'}"
                 )
-            new = sorted(set(profile.seed) - set(self.measured))
-            problems = measured_problems(profile, new)
-            if problems:
-                raise ProtocolError(f"{where}: {'; '.join(problems)}")
         except (ProtocolError, ValueError) as exc:
             self.refuse(sia_id, run, str(exc))
             return self.said
-        for gpu_type in new:
+        said = []
+        for gpu_type in sorted(set(profile.seed) - set(self.measured)):
             points = tuple(
                 (o.local_bsz, o.step_time, o.sync_time)
                 for o in sorted(profile.seed[gpu_type], key=lambda o: o.local_bsz)
                 if o.gpus == 1
             )
-            self.measured[gpu_type] = (profile.max_local_bsz[gpu_type], points)
-        return ""
+            entry = (profile.max_local_bsz[gpu_type], points)
+            judged = _fingerprint({"entry": repr(entry)})
+            if self.judged.get(gpu_type) == judged:
+                continue  # refused before, not measured again since
+            problems = measured_problems(profile, [gpu_type])
+            if problems:
+                self.judged[gpu_type] = judged
+                self.refuse(sia_id, (run[0], gpu_type) if run else None, f"{where}: {problems[0]}")
+                said.append(self.said)
+                continue
+            self.measured[gpu_type] = entry
+        return "; ".join(said)
 
     def refuse(self, sia_id: str, run: tuple[int, str] | None, why: str) -> None:
-        """Count a refused measurement against the run's type, and say why."""
+        """Count a refused measurement against the run's type, and say why; that run is not
+        offered the type again."""
         self.said = why
         if run is not None:
             self.refusals[run[1]] = self.refusals.get(run[1], 0) + 1

@@ -4,6 +4,7 @@ checked and kept, two jobs of one app giving one profile, hostile documents refu
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -251,7 +252,9 @@ def test_a_hostile_document_is_refused_and_the_job_measured_again_then_held(
     ctl.round(ClusterSnapshot(120.0, NODES, (on(job, "t4", profiled_document=document),)))
     assert profiling.refusals == {"t4": 1}
     # Measured again on t4 in a later run, refused again: held, with the reason, no GPUs.
-    again = {**document, "description": "try 2"}
+    again = copy.deepcopy({**document, "description": "try 2"})  # measured again
+    for point in again["seed"][:1]:
+        point["step_time"] *= 0.9
     back = on(job, "t4", profiled_document=again, restarts=2)
     outcome = ctl.round(ClusterSnapshot(180.0, NODES, (back,)))
     assert profiling.refusals == {"t4": MAX_REFUSALS}
@@ -279,6 +282,27 @@ def test_a_run_that_measures_nothing_is_refused_after_the_deadline(
     assert "nothing measured on t4 within 100 s" in profiling.said
     (move,) = outcome.actions
     assert isinstance(move, Move) and move.config.gpu_type == "a100"
+
+
+def test_a_bad_type_is_refused_alone_and_not_twice_for_the_same_points(
+    factory: EstimatorFactory,
+) -> None:
+    """A document with a sound type and an unsound one: the sound one is taken; the unsound
+    one, still in the job's later documents until it is measured again, counts once."""
+    ctl = controller(factory)
+    job = spec()
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
+    bad_t4 = measured(["t4"])
+    bad_t4["seed"][-1]["step_time"] = 0.001  # far under the smaller batches': refused
+    ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=bad_t4),)))
+    assert profiling.refusals == {"t4": 1} and profiling.measured == {}
+    both = measured(["t4", "dgx"])
+    both["seed"] = bad_t4["seed"] + [p for p in both["seed"] if p["gpu_type"] == "dgx"]
+    running = on(job, "a100", profiled_document=both, restarts=1)
+    ctl.round(ClusterSnapshot(120.0, NODES, (running,)))
+    assert sorted(profiling.measured) == ["dgx"]
+    assert profiling.refusals == {"t4": 1}  # the same t4 points: not refused twice
 
 
 def test_an_unreadable_document_counts_as_refused(factory: EstimatorFactory) -> None:

@@ -87,6 +87,7 @@ def profiling_env(make_env: Callable[..., JobEnvironment], **overrides: object) 
         "local_bsz": 16,
         "accum_steps": 0,
         "profile_sweep": SWEEP,
+        "profile_min_s": 0.0,  # exactly SIA_PROFILE_STEPS timed steps per batch
     }
     values.update(overrides)
     return make_env(**values)
@@ -184,9 +185,10 @@ def test_a_sweep_capped_by_emulated_memory_writes_the_profile_and_trains_on(
     assert both.seed["dgx"] == profile.seed["dgx"]
     assert measured_problems(both, {"dgx", "t4"}) == []
 
-    # a run on a type measured already trains at its assignment from the start
+    # a run that does not profile, on a type measured already, trains at its assignment
+    # fitted to the measured limit from the start
     before = read_json(StatePaths(env.state_dir).profiled(env.sia_id))
-    third = TrainerRun(profiling_env(make_env, launch_round=3, restarts=2))
+    third = TrainerRun(profiling_env(make_env, launch_round=3, restarts=2, profile_sweep=""))
     third.train(3)
     assert third.plans == [(8, 2)] * 7 + [(8, 1)]  # the measured limit; the epoch's tail
     assert third.trainer.job.profiling.sweep is None and not third.trainer.job.profiling.written
