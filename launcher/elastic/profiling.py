@@ -234,9 +234,7 @@ class JobProfiling:
             "" if memory is None else f" (emulated memory: {memory})",
             "" if crashed is None else f" (a run died trying {crashed})",
         )
-        self.sweep = ProfileSweep(
-            gpu_type, batches, self.env.profile_steps, self.env.profile_min_s
-        )
+        self.sweep = ProfileSweep(gpu_type, batches, self.env.profile_steps, self.env.profile_min_s)
         if not self.sweep.running:
             return self._finish()
         self._write_try()
