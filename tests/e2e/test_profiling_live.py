@@ -218,7 +218,9 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
             )
     else:
         raise AssertionError("still profiling after 30 rounds")
-    assert sorted(types) == ["a100", "rtx", "t4"], types
+    # Each type once, or again where noise made a measurement look unsound (it is refused
+    # and measured again in a later run: docs/profiling.md)
+    assert sorted(set(types)) == ["a100", "rtx", "t4"] and len(types) <= 5, types
     document = json.loads(profiled_doc.read_text())
     limits = document["max_local_bsz"]
     # The emulated memory caps the sweep (t4 16 GB < a100 40 GB); the speed factors make t4
