@@ -1,0 +1,216 @@
+"""What profiling costs, and how well its profile predicts, with a real PyTorch job on the dev
+cluster (issue 34; docs/profiling.md, "Measured").
+
+One dev cluster (a100, rtx, t4: 2 nodes x 4 fake GPUs each; the TaskProlog gives the types their
+speed factors and emulated memory) and the real controller (``sia-slurm controller run``, rounds
+of ``--round-s``). The job is the transformer example (``launcher/examples/transformer.py``,
+ElasticTrainer, gloo) under one app name:
+
+1. **overhead**: the job alone, first with no profile anywhere (it is profiled, then scheduled),
+   then again with the profile the first run left (scheduled at once): the JCTs, the time the
+   first spent profiling and the restarts, side by side;
+2. **accuracy**: pinned jobs of the app at 1 and 2 GPUs on every type, one after another; each
+   job's reports (the ones its model was fed, from the state database) give its measured step
+   time and throughput, set against the prediction of the model built from the kept profile
+   alone (before any report): per type, the 1-GPU step time and the 2-GPU throughput.
+
+Run as root (it starts the daemons): ``python -m benchmarks.profiling_live`` (about 10 minutes on
+2 cores). Prints two tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sia_slurm.controller import EstimatorFactory
+from sia_slurm.controller.reports import iteration_time
+from sia_slurm.core import Configuration
+from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
+from sia_slurm.devcluster.controller_config import DEFAULT_PROFILES
+from sia_slurm.model import load_profiles
+from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, from_json
+from sia_slurm.report import report_from_db
+from sia_slurm.state.profiles import ProfileStore
+from sia_slurm.state.tree import set_up
+
+APP = "bench-lm"
+TYPES = ("a100", "rtx", "t4")
+
+
+class Bench:
+    """The dev cluster, the controller's config and state, and the job submissions."""
+
+    def __init__(self, root: Path, port_base: int, round_s: float) -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        self.root = root
+        self.spec = DevClusterSpec.parse(DEFAULT_SPEC)
+        self.cluster = DevCluster(root / "cluster", port_base=port_base)
+        self.paths = StatePaths(root / "state")
+        self.config = root / "sia.yaml"
+        self.round_s = round_s
+
+    def up(self) -> None:
+        self.cluster.up(self.spec)
+        set_up(self.paths.state_dir, os.getuid(), os.getgid())
+        self.config.write_text(
+            controller_config(self.spec, self.paths.state_dir, round_seconds=self.round_s)
+        )
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.cluster.env}
+
+    def submit(self, name: str, *options: str, steps: int, batch: int) -> str:
+        """A transformer job of the app; its sia id."""
+        argv = [
+            sys.executable, "-m", "launcher.sbatch", "--config", str(self.config),
+            "--app", APP, "--batch-size", str(batch), "--max-batch-size", str(8 * batch),
+            "--job-name", name, f"--output={self.root / (name + '.out')}",
+            "--export=ALL,SIA_METRICS_INTERVAL_S=1", *options, "--",
+            sys.executable, "-m", "launcher.examples.transformer",
+            "--epochs", "100000", "--max-steps", str(steps), "--dataset-size", "2048",
+        ]  # fmt: skip
+        done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, check=True)
+        return done.stderr.strip().split()[-1]  # "sia-sbatch: sia job <id>"
+
+    def run_until_done(self, sia_ids: list[str], timeout_s: float = 900.0) -> None:
+        """The controller, as a service, until every job of ``sia_ids`` has finished."""
+        log = self.root / "controller.jsonl"
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "sia_slurm.cli", "controller", "run", "--config",
+             str(self.config), "--log-file", str(log)],
+            env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + timeout_s
+            while self._unfinished(sia_ids):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"not finished after {timeout_s:.0f} s: {sia_ids}")
+                time.sleep(2)
+        finally:
+            controller.send_signal(signal.SIGTERM)
+            controller.wait(timeout=120)
+
+    def _unfinished(self, sia_ids: list[str]) -> list[str]:
+        db = self.paths.state_dir / "sia.db"
+        if not db.exists():
+            return sia_ids
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            done = {
+                row[0]
+                for row in conn.execute("SELECT sia_id, phase FROM jobs")
+                if row[1] in ("done", "failed", "gone")
+            }
+        return [s for s in sia_ids if s not in done]
+
+    def rows(self) -> dict[str, Any]:
+        return {row.id: row for row in report_from_db(self.paths.state_dir / "sia.db").jobs}
+
+    def reports(self, sia_id: str) -> list[MetricsReport]:
+        """The reports the controller's model was fed for the job (the state database)."""
+        db = self.paths.state_dir / "sia.db"
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT report FROM reports WHERE sia_id = ?", (sia_id,))
+            return [from_json(MetricsReport, json.loads(r[0]), "reports") for r in rows]
+
+
+def overhead(bench: Bench, steps: int, batch: int) -> list[list[str]]:
+    lines = []
+    for mode in ("profiled", "kept profile"):
+        sia_id = bench.submit(f"lm-{mode.split()[0]}", steps=steps, batch=batch)
+        bench.run_until_done([sia_id])
+        row = bench.rows()[sia_id]
+        profiling = "-" if row.profiling_s is None else f"{row.profiling_s:.0f}"
+        jct = f"{row.jct_s:.0f}" if row.jct_s is not None else "-"
+        lines.append([mode, jct, profiling, str(row.restarts), _history(row)])
+    return lines
+
+
+def accuracy(bench: Bench, steps: int, batch: int) -> list[list[str]]:
+    kept = ProfileStore(bench.paths.state_dir).get("", APP)
+    if kept is None:
+        raise RuntimeError("no kept profile: run the overhead part first")
+    factory = EstimatorFactory(load_profiles(), dict(DEFAULT_PROFILES))
+    lines = []
+    for gpu_type in TYPES:
+        for gpus in (1, 2):
+            spec = JobSpec("x", APP, init_batch_size=batch, max_batch_size=8 * batch)
+            model = factory(spec, kept)  # the kept profile alone, before any report
+            sia_id = bench.submit(
+                f"lm-{gpu_type}-{gpus}", "--kind", "pinned", "--gpu-type", gpu_type,
+                "--num-gpus", str(gpus), "--min-gpus", str(gpus), "--max-gpus", str(gpus),
+                steps=steps, batch=batch,
+            )  # fmt: skip
+            bench.run_until_done([sia_id])
+            reports = [r for r in bench.reports(sia_id) if r.gpus == gpus][1:]  # warm-up off
+            if not reports:
+                lines.append([gpu_type, str(gpus), "-", "-", "no report", "-"])
+                continue
+            config = Configuration(gpu_type, 1, gpus)
+            row = model.evaluate([config], fixed_batch=True)
+            measured_step = statistics.median(iteration_time(r) for r in reports)
+            samples = reports[0].gpus * reports[0].local_bsz * (reports[0].accum_steps + 1)
+            measured = samples / measured_step
+            predicted = float(row.throughput[0])
+            predicted_step = float(row.batch_size[0]) / predicted
+            lines.append([
+                gpu_type, str(gpus), f"{reports[0].local_bsz}x{reports[0].accum_steps + 1}",
+                f"{predicted_step * 1000:.1f} / {measured_step * 1000:.1f}",
+                f"{predicted:.0f} / {measured:.0f}", f"{predicted / measured - 1:+.1%}",
+            ])  # fmt: skip
+    return lines
+
+
+def _history(row: Any) -> str:
+    steps: list[str] = []
+    for segment in row.segments:
+        step = f"{segment.gpu_type}:{segment.gpus}"
+        if not steps or steps[-1] != step:
+            steps.append(step)
+    return " -> ".join(steps) or "-"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/sia-profiling-bench"))
+    parser.add_argument("--port-base", type=int, default=26817)
+    parser.add_argument("--round-s", type=float, default=15.0)
+    parser.add_argument("--steps", type=int, default=3000, help="the overhead runs' steps")
+    parser.add_argument("--accuracy-steps", type=int, default=400)
+    parser.add_argument("--batch", type=int, default=64, help="M0 (the largest batch: 8x)")
+    args = parser.parse_args()
+    bench = Bench(args.dir, args.port_base, args.round_s)
+    bench.up()
+    try:
+        print(f"dev cluster {DEFAULT_SPEC}, rounds of {args.round_s:g} s, M0 {args.batch}")
+        print("\noverhead (seconds; the same job alone, profiled vs from the kept profile):")
+        print(table(["run", "JCT", "profiling", "restarts", "GPU type:count"],
+                    overhead(bench, args.steps, args.batch)))  # fmt: skip
+        print("\naccuracy (pinned jobs; the kept profile's prediction / the measured median):")
+        print(table(["type", "GPUs", "local x steps", "step ms (pred / meas)",
+                     "samples/s (pred / meas)", "error"],
+                    accuracy(bench, args.accuracy_steps, args.batch)))  # fmt: skip
+    finally:
+        bench.cluster.down()
+
+
+if __name__ == "__main__":
+    main()
