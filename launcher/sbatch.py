@@ -206,7 +206,9 @@ def load_job_profile(options: SubmitOptions) -> tuple[str, AppProfile | None, st
 
 def check_profiling(options: SubmitOptions) -> None:
     """What a job the scheduler profiles needs: its M0 (nothing else says what batch its
-    learning rate is tuned for) and to fit one GPU (it is measured on one of each type)."""
+    learning rate is tuned for) and, profiled for itself alone (no ``--app``), to fit one GPU
+    (it is measured on one of each type). An ``--app`` may have a profile measured already
+    (the controller keeps them, per account); if not, its job too is profiled on one GPU."""
     if options.batch_size is None:
         known = ", ".join(sorted(load_profiles().apps))
         named = (
@@ -218,7 +220,7 @@ def check_profiling(options: SubmitOptions) -> None:
             f"{named}--batch-size: required for a model without a profile, which the "
             "scheduler profiles first (docs/profiling.md)"
         )
-    if options.min_gpus > 1:
+    if options.min_gpus > 1 and not options.app:
         raise UsageError(
             f"--min-gpus {options.min_gpus}: a model without a profile is profiled on one GPU "
             "of each type; give a profile (--profile DIR) for a job that needs more"

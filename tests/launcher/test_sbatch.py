@@ -228,6 +228,10 @@ def test_max_failures_goes_into_the_spec(
         (["--app", "nosuch"], "--app nosuch: no shipped profile (known apps: bert, cifar10"),
         (["--batch-size", "32", "--min-gpus", "2"], "--min-gpus 2: a model without a profile"),
         (
+            ["--batch-size", "32", "--min-gpus", "2", "--app", "mynet", "--num-gpus", "6"],
+            "6 GPUs do not fill whole nodes of 4",
+        ),  # an --app may have a kept profile: allowed
+        (
             ["--app", "cifar10", "--min-gpus", "4", "--max-gpus", "2"],
             "--min-gpus 4 is greater than --max-gpus 2",
         ),
