@@ -16,6 +16,16 @@ How a workload row becomes a :class:`~sia_slurm.protocol.JobSpec` (the artifact'
 * ``restart_cost`` is the restart delay the policy *assumes* for the app (cifar10 30 s, yolov3
   45 s), while the simulated cluster charges the true one (50 s, 80 s).
 * ``sia_id`` is the row's ``name``; ``submit_time`` its ``time``.
+
+With Sia's profiling on (``profiling`` "each" or "shared", :mod:`sia_slurm.sim.sweep`), the
+controller has no profile to take M0 and the largest batch from, so the spec carries them, from
+the app's truth (its smallest and largest validated batch: the same numbers as its profile).
+"each" leaves the spec's ``app`` empty, so that every job profiles for itself alone (the
+controller keys an app-less job's profiling by its id); the simulated cluster keeps the true
+app in :class:`SimJobSpec`. "shared" keys profilings by app and account, and the controller
+would take a job without an account for one profiling for itself alone, so such a job is given
+the account its fair share already counts it under
+(:data:`~sia_slurm.policy.shares.DEFAULT_ACCOUNT`).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from pathlib import Path
 
 from sia_slurm.core import JobKind
 from sia_slurm.model.profile import ProfileError, ProfileSet, load_profiles
+from sia_slurm.policy.shares import DEFAULT_ACCOUNT
 from sia_slurm.protocol import JobSpec, ProtocolError, check_sia_id
 from sia_slurm.sim.apps import APPS, default_traces_dir
 from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
@@ -105,16 +116,21 @@ def load_workload_truths(
     return load_truths(apps, inputs.cluster, inputs.traces_dir)
 
 
-def job_spec(job: WorkloadJob, truth: AppTruth, where: str = "") -> JobSpec:
+def job_spec(
+    job: WorkloadJob, truth: AppTruth, where: str = "", *, profiling: str = "off"
+) -> JobSpec:
     """The :class:`JobSpec` of one workload row (see the module doc for each field)."""
     try:
         check_sia_id(job.name)
     except ProtocolError as exc:
         raise SimInputError(f"{where}: name: {exc}") from None
+    profiled = profiling != "off"
     return JobSpec(
         sia_id=job.name,
-        app=job.application,
+        app="" if profiling == "each" else job.application,
         kind=JobKind.ADAPTIVE,
+        init_batch_size=truth.init_batch_size if profiled else 0,
+        max_batch_size=max(truth.stats.batch_sizes) if profiled else 0,
         requested_gpus=job.num_replicas,
         requested_batch_size=job.batch_size,
         restart_cost=truth.restart.assumed_s,
@@ -122,11 +138,15 @@ def job_spec(job: WorkloadJob, truth: AppTruth, where: str = "") -> JobSpec:
     )
 
 
-def job_specs(workload: Workload, truths: Mapping[str, AppTruth]) -> list[SimJobSpec]:
-    """Every job of ``workload`` with its app's truth, in submission order."""
+def job_specs(
+    workload: Workload, truths: Mapping[str, AppTruth], *, profiling: str = "off"
+) -> list[SimJobSpec]:
+    """Every job of ``workload`` with its app's truth, in submission order (``profiling``:
+    see the module doc)."""
     specs = []
     for job in workload.jobs:
         truth = truths[job.application]
-        spec = job_spec(job, truth, str(workload.path))
-        specs.append(SimJobSpec(spec, truth, user=job.user, account=job.account))
+        spec = job_spec(job, truth, str(workload.path), profiling=profiling)
+        account = job.account or (DEFAULT_ACCOUNT if profiling == "shared" else "")
+        specs.append(SimJobSpec(spec, truth, user=job.user, account=account))
     return specs

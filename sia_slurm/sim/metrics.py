@@ -45,6 +45,10 @@ class JobOutcome:
     restarts: int
     contention: float  # mean active jobs over the rounds it was active in
     account: str = ""  # the workload's owner of the job (fair shares)
+    # Sia's profiling (SimulationConfig.profiling): GPU-seconds of its profiling grants'
+    # restarts and sweeps (part of gpu_seconds), and the sweeps it completed.
+    profiling_gpu_seconds: float = 0.0
+    sweeps: int = 0
 
     @property
     def jct(self) -> float | None:

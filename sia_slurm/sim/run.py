@@ -25,11 +25,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TextIO
 
 from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
 from sia_slurm.controller import Controller, EstimatorFactory, RoundOutcome
+from sia_slurm.controller.profiling import MemoryProfileBook, Profiler
 from sia_slurm.policy.registry import config_type, make_policy
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.sim.apptruth import AppTruth
@@ -37,6 +38,7 @@ from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_trut
 from sia_slurm.sim.metrics import JobOutcome, WorkloadMetrics, workload_metrics
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
 from sia_slurm.sim.simulated_cluster import SimulatedCluster
+from sia_slurm.sim.sweep import DEFAULT_NOISE
 from sia_slurm.sim.workload import Workload
 
 DAY = 86400.0
@@ -44,6 +46,9 @@ DAY = 86400.0
 
 PROFILED_POLICIES = frozenset({"gavel"})
 """Policies whose jobs, by default, report a profile at their requested size on arrival."""
+
+PROFILING_MODES = ("off", "each", "shared")
+"""Values of :attr:`SimulationConfig.profiling`."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,13 @@ class SimulationConfig:
     # (sia_slurm/sim/profiling.py); None: on for the policies that run jobs at that size and
     # assume its throughput is known (Gavel, as the Sia artifact gives it), off for the others.
     profile_requested: bool | None = None
+    # Sia's profiling of new models (docs/profiling.md; docs/simulator.md, "Profiling"):
+    # "off": every job's model starts from its app's shipped profile (an oracle's 1-GPU
+    # measurements); "each": every job is profiled on arrival, for itself alone, as the
+    # paper's Sia does; "shared": the jobs of one app and account share one measured profile
+    # (the first profiles, the others wait for it or reuse it), as sia-slurm does.
+    profiling: str = "off"
+    profile_noise: float = DEFAULT_NOISE  # sigma of the lognormal noise on measured step times
 
     @property
     def profiles_requested(self) -> bool:
@@ -81,6 +93,12 @@ class SimulationConfig:
             raise ValueError(f"round_length: expected seconds > 0, got {self.round_length!r}")
         if not self.max_time > 0 or self.stall_rounds < 1 or not self.max_substep > 0:
             raise ValueError("max_time, stall_rounds and max_substep must be positive")
+        if self.profiling not in PROFILING_MODES:
+            raise ValueError(
+                f"profiling: expected one of {', '.join(PROFILING_MODES)}, got {self.profiling!r}"
+            )
+        if not (math.isfinite(self.profile_noise) and self.profile_noise >= 0):
+            raise ValueError(f"profile_noise: expected a sigma >= 0, got {self.profile_noise!r}")
 
 
 @dataclass(frozen=True)
@@ -145,11 +163,19 @@ def policy_params(name: str, seed: int) -> object | None:
 
 
 def build_controller(inputs: SimulationInputs, config: SimulationConfig) -> Controller:
-    """The production controller with the named policy and the site's profiles."""
+    """The production controller with the named policy and the site's profiles.
+
+    With profiling on, the controller knows the profiles' GPU types but none of their apps, so
+    every job is profiled (or reuses a profile measured here), and measured profiles are kept
+    in memory for the simulation's length."""
     params = config.params or policy_params(config.policy, config.seed)
     policy = make_policy(config.policy, params)
-    factory = EstimatorFactory(inputs.profiles, inputs.type_aliases)
-    return Controller(policy, factory, config.shares)
+    if config.profiling == "off":
+        factory = EstimatorFactory(inputs.profiles, inputs.type_aliases)
+        return Controller(policy, factory, config.shares)
+    unknown = EstimatorFactory(replace(inputs.profiles, apps={}), inputs.type_aliases)
+    profiler = Profiler(MemoryProfileBook(), unknown)
+    return Controller(policy, unknown, config.shares, profiler=profiler)
 
 
 def simulate(
@@ -170,9 +196,11 @@ def simulate(
     truths = truths if truths is not None else load_workload_truths([workload], inputs)
     cluster = SimulatedCluster(
         inputs.cluster,
-        job_specs(workload, truths),
+        job_specs(workload, truths, profiling=config.profiling),
         max_substep=config.max_substep,
         profile_requested=config.profiles_requested,
+        profile_noise=config.profile_noise,
+        seed=config.seed,
     )
     controller = build_controller(inputs, config)
     loop = _Loop()
@@ -298,5 +326,7 @@ def _action_json(action: Action) -> dict[str, Any]:
     if isinstance(action, Start | Move):
         payload["config"] = str(action.config)
         payload["nodes"] = {share.node: share.gpus for share in action.placement}
+        if action.profile_sweep:
+            payload["profile_sweep"] = list(action.profile_sweep)
     assert isinstance(action, Start | Move | Rebatch)
     return payload

@@ -24,6 +24,10 @@ simulated is exactly what would run on Slurm; only the cluster is replayed from 
   :class:`~sia_slurm.protocol.MetricsReport` with the measured step and sync time of its
   configuration and per-GPU batch and the true gradient statistics at its progress, so the
   controller's models learn online as in production.
+* **Profiling.** A ``Start``/``Move`` with a ``profile_sweep`` (Sia's profiling of a new
+  model) runs, after its restart delay, the sweep on its one GPU, then writes the job's profile
+  document, shown as ``profiled_document`` from the next snapshot on, and trains on at its
+  batch (:mod:`sia_slurm.sim.sweep`). The grant's delay and sweep count as profiling GPU time.
 * **Accounting.** GPU-seconds are counted while a job holds GPUs (restart delays included), up
   to its completion; the snapshot after a job completes shows it ``DONE`` once, then it is gone.
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +65,7 @@ from sia_slurm.sim.clusterfile import ClusterSpec
 from sia_slurm.sim.metrics import JobOutcome
 from sia_slurm.sim.profiling import requested_shape_reports
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP, StatsTable, Stepped, integrate
+from sia_slurm.sim.sweep import DEFAULT_NOISE, ProfiledTypes, SweepPlan, noise_key, plan_sweep
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,14 @@ class _Job:
     base_rate: float = 0.0
     scale: float = 1.0
     curve: int = 0
+    # Sia's profiling (sia_slurm/sim/sweep.py): the sweep of the current grant still to run,
+    # the types measured so far and the document written, GPU-seconds spent on profiling
+    # grants' restarts and sweeps, and sweeps completed.
+    sweep: SweepPlan | None = None
+    profiled: ProfiledTypes = field(default_factory=ProfiledTypes)
+    profiled_document: dict[str, Any] | None = None
+    profiling_gpu_seconds: float = 0.0
+    sweeps: int = 0
     cached: JobSnapshot | None = field(default=None, repr=False)
 
     @property
@@ -120,6 +134,8 @@ class SimulatedCluster:
         start_time: float = 0.0,
         max_substep: float = DEFAULT_MAX_SUBSTEP,
         profile_requested: bool = False,
+        profile_noise: float = DEFAULT_NOISE,
+        seed: int = 0,
     ) -> None:
         names = [job.spec.sia_id for job in jobs]
         if len(set(names)) != len(names):
@@ -134,6 +150,10 @@ class SimulatedCluster:
         # (sia_slurm/sim/profiling.py: what Gavel assumes is profiled).
         self.profile_requested = profile_requested
         self._profiles: list[MetricsReport] = []
+        # A profiling run's reported step times carry this much lognormal noise, seeded.
+        self.profile_noise = profile_noise
+        self.seed = seed
+        self._profile_type = {t.name: t.profile for t in cluster.gpu_types}
         self.nodes = tuple(
             NodeView(f"{t.name}-{i}", t.name, t.gpus_per_node, t.gpus_per_node)
             for t in cluster.gpu_types
@@ -195,6 +215,7 @@ class SimulatedCluster:
                 finish_time=job.finish_time,
                 user=job.user,
                 account=job.account,
+                profiled_document=job.profiled_document,
             )
         return job.cached
 
@@ -267,6 +288,7 @@ class SimulatedCluster:
             self._free[share.node] += share.gpus
         job.phase, job.config, job.placement, job.batch = JobPhase.PENDING, None, (), None
         job.delay_left = 0.0
+        job.sweep = None  # a sweep cut short is run again by the next profiling grant
         job.cached = None
 
     def _grant(self, action: Start | Move, *, moving: bool) -> ActionResult:
@@ -287,6 +309,12 @@ class SimulatedCluster:
         job.config, job.placement, job.batch = action.config, action.placement, action.batch
         job.grants += 1
         job.delay_left = self._restart_delay(job, moving=moving)
+        job.sweep = None
+        if action.profile_sweep:
+            gpu_type = action.config.gpu_type
+            job.sweep = plan_sweep(
+                job.truth.speed[gpu_type], self._profile_type[gpu_type], action.profile_sweep
+            )
         job.cached = None
         self._set_speed(job)
         return ActionResult(action, True)
@@ -344,37 +372,32 @@ class SimulatedCluster:
         if not seconds >= 0:
             raise ValueError(f"seconds: expected >= 0, got {seconds!r}")
         holding = [job for job in self._active if job.phase.holds_gpus]
-        finished: list[str] = []
-        if holding:
-            delay = np.array([min(job.delay_left, seconds) for job in holding])
+        plain = [job for job in holding if job.sweep is None]
+        if plain:
+            delay = np.array([min(job.delay_left, seconds) for job in plain])
             stepped = integrate(
                 self._table,
-                progress=np.array([job.progress for job in holding]),
-                base_rate=np.array([job.base_rate for job in holding]),
-                scale=np.array([job.scale for job in holding]),
-                curve=np.array([job.curve for job in holding], dtype=np.int64),
-                target=np.array([job.truth.completion_samples for job in holding]),
+                progress=np.array([job.progress for job in plain]),
+                base_rate=np.array([job.base_rate for job in plain]),
+                scale=np.array([job.scale for job in plain]),
+                curve=np.array([job.curve for job in plain], dtype=np.int64),
+                target=np.array([job.truth.completion_samples for job in plain]),
                 duration=seconds - delay,
                 max_substep=self.max_substep,
             )
-            for i, job in enumerate(holding):
+            for i, job in enumerate(plain):
                 self._step_job(job, float(delay[i]), seconds, stepped, i)
-                if job.phase is JobPhase.DONE:
-                    finished.append(job.spec.sia_id)
+        for job in holding:
+            if job.sweep is not None:
+                self._step_profiling(job, seconds)
         self.time += seconds
-        return finished
+        return [job.spec.sia_id for job in holding if job.phase is JobPhase.DONE]
 
     def _step_job(self, job: _Job, delay: float, seconds: float, stepped: Stepped, i: int) -> None:
         """Book one job's interval: restart delay served, training done, completion."""
         finish = float(stepped.finish[i])
         job.progress = float(stepped.progress[i])
-        if delay > 0:
-            job.delay_left -= delay
-            if job.delay_left <= 1e-9:
-                job.delay_left = 0.0
-        if job.phase is JobPhase.STARTING and job.delay_left == 0.0:
-            job.phase = JobPhase.RUNNING  # restored: training from now on
-            job.cached = None
+        self._serve_delay(job, delay)
         trained = seconds - delay if np.isnan(finish) else finish
         if trained > 0:
             job.trained = True
@@ -383,13 +406,116 @@ class SimulatedCluster:
         if np.isnan(finish):
             job.gpu_seconds += seconds * job.config.gpus
             return
-        held = delay + finish
+        self._complete(job, delay + finish)
+
+    def _serve_delay(self, job: _Job, delay: float) -> None:
+        if delay > 0:
+            job.delay_left -= delay
+            if job.delay_left <= 1e-9:
+                job.delay_left = 0.0
+        if job.phase is JobPhase.STARTING and job.delay_left == 0.0:
+            job.phase = JobPhase.RUNNING  # restored: training from now on
+            job.cached = None
+
+    def _complete(self, job: _Job, held: float) -> None:
+        """The job reached its completion target ``held`` seconds into this interval."""
+        assert job.config is not None
         job.gpu_seconds += held * job.config.gpus
         job.finish_time = self.time + held
         for share in job.placement:
             self._free[share.node] += share.gpus
         job.phase = JobPhase.DONE
         job.cached = None
+
+    def _step_profiling(self, job: _Job, seconds: float) -> None:
+        """Book one interval of a profiling grant (sia_slurm/sim/sweep.py): its restart delay,
+        the sweep's segments, each training at its own batch (the failed try at none), the
+        document once the sweep is done, then training at the assignment for what is left.
+        The delay and the sweep count as profiling GPU time."""
+        sweep, config = job.sweep, job.config
+        assert sweep is not None and config is not None
+        delay = min(job.delay_left, seconds)
+        self._serve_delay(job, delay)
+        elapsed = delay
+        profiling = delay
+        while sweep.segments and elapsed < seconds:
+            segment = sweep.segments[0]
+            use = min(segment.seconds, seconds - elapsed)
+            if segment.local_bsz:
+                done = self._train(job, use, *self._rate_at(job, segment.local_bsz))
+                if done is not None:
+                    job.profiling_gpu_seconds += (profiling + done) * config.gpus
+                    self._complete(job, elapsed + done)
+                    return
+            segment.seconds -= use
+            elapsed += use
+            profiling += use
+            if segment.seconds <= 1e-9:
+                sweep.segments.pop(0)
+        job.profiling_gpu_seconds += profiling * config.gpus
+        if not sweep.segments:
+            self._write_profile(job, sweep)
+            job.sweep = None
+        if elapsed < seconds:
+            done = self._train(job, seconds - elapsed, job.base_rate, job.scale, job.curve)
+            if done is not None:
+                self._complete(job, elapsed + done)
+                return
+        job.gpu_seconds += seconds * config.gpus
+
+    def _rate_at(self, job: _Job, local_bsz: int) -> tuple[float, float, int]:
+        """(base rate, scale, curve) of one GPU at per-GPU batch ``local_bsz``, no accumulation
+        (a sweep step): :meth:`_set_speed` for that batch."""
+        assert job.config is not None
+        step, _ = job.truth.speed[job.config.gpu_type].step_time(1, 1, local_bsz)
+        m0 = job.truth.init_batch_size
+        base_rate = m0 / (float(step) * job.truth.calibration)
+        return base_rate, local_bsz / m0, self._table.curve_index(job.truth.app, local_bsz)
+
+    def _train(
+        self, job: _Job, seconds: float, base_rate: float, scale: float, curve: int
+    ) -> float | None:
+        """Train ``job`` alone for ``seconds`` at this rate; the seconds into them at which it
+        completed, or ``None``. Steps are counted at the rate's step time."""
+        if seconds <= 0:
+            return None
+        stepped = integrate(
+            self._table,
+            progress=np.array([job.progress]),
+            base_rate=np.array([base_rate]),
+            scale=np.array([scale]),
+            curve=np.array([curve], dtype=np.int64),
+            target=np.array([job.truth.completion_samples]),
+            duration=np.array([seconds]),
+            max_substep=self.max_substep,
+        )
+        job.progress = float(stepped.progress[0])
+        finish = float(stepped.finish[0])
+        trained = seconds if np.isnan(finish) else finish
+        job.trained = True
+        # base_rate = M0 / (step time x calibration): the step time, back
+        job.steps += trained * base_rate * job.truth.calibration / job.truth.init_batch_size
+        return None if np.isnan(finish) else finish
+
+    def _write_profile(self, job: _Job, sweep: SweepPlan) -> None:
+        """The sweep is done: the job writes its profile document (every type so far)."""
+        m0 = job.spec.init_batch_size or job.truth.init_batch_size
+        header = {
+            "app": job.spec.app or job.truth.app,
+            "init_batch_size": m0,
+            "max_batch_size": job.spec.max_batch_size or m0,
+        }
+        document = job.profiled.add(
+            sweep,
+            header=header,
+            gpu_types=set(self._profile_type.values()),
+            rng_key=noise_key(self.seed, job.spec.sia_id, sweep.profile_type, job.sweeps),
+            sigma=self.profile_noise,
+        )
+        job.sweeps += 1
+        if document is not None:
+            job.profiled_document = document
+            job.cached = None
 
     # --------------------------------------------------------------------------------------
     # Results
@@ -441,6 +567,8 @@ class SimulatedCluster:
                 restarts=job.restarts,
                 contention=job.contention_sum / max(job.contention_rounds, 1),
                 account=job.account,
+                profiling_gpu_seconds=job.profiling_gpu_seconds,
+                sweeps=job.sweeps,
             )
             for job in self._jobs
         ]
