@@ -106,6 +106,10 @@ class JobRecord:
     # types it may run on (one GPU of a type not measured yet); None once it has a profile.
     profiling: tuple[str, str] | None = None
     profile_types: frozenset[str] | None = None
+    profile_left: frozenset[str] = frozenset()  # site GPU types not measured yet
+    # The restarts its profiling took (one per GPU type): not charged by Sia's restart factor
+    # afterwards, as they are not while it profiles
+    profiling_restarts: int = 0
 
     def view(
         self,
@@ -148,7 +152,7 @@ class JobRecord:
             estimator=self.estimator,
             age=max(now - spec.submit_time, 0.0),
             submit_time=spec.submit_time,
-            restarts=restarts,
+            restarts=max(restarts - self.profiling_restarts, 0),
             restart_cost=spec.restart_cost,
             current=current,
             placement=placement,

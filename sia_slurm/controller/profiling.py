@@ -430,16 +430,24 @@ class Profiler:
     ) -> None:
         """The GPU types ``job`` may run on: one not measured yet, not the one whose
         measurement this very run had refused (it is measured again in another run), none
-        once a type was refused :data:`MAX_REFUSALS` times (held: it waits, with the reason)."""
+        once a type was refused :data:`MAX_REFUSALS` times (held: it waits, with the reason).
+        A job on a type it is measuring keeps it until the measurement arrives."""
+        record.profile_left = frozenset(t for t in site_types if self.profile_type(t) in missing)
+        current = self._now_type(job)
+        refused = current is not None and profiling.refused_run.get(job.sia_id) == (
+            job.restarts,
+            current,
+        )
         if profiling.held_types():
             allowed: frozenset[str] = frozenset()
+        elif current is not None and current in missing and not refused:
+            # On a type it is measuring: it stays there until the measurement arrives (or is
+            # refused, or the deadline passes); moved before, its sweep would be lost.
+            assert job.config is not None
+            allowed = frozenset({job.config.gpu_type})
         else:
             allowed = frozenset(t for t in site_types if self.profile_type(t) in missing)
-            current = self._now_type(job)
-            if current is not None and profiling.refused_run.get(job.sia_id) == (
-                job.restarts,
-                current,
-            ):
+            if refused:
                 assert job.config is not None
                 allowed -= {job.config.gpu_type}
         if record.profile_types != allowed:
@@ -460,7 +468,7 @@ class Profiler:
                 f"{PROFILING_NOTE} held: measurements refused {MAX_REFUSALS} times "
                 f"({profiling.said}); submit it again, or with a profile"
             )
-        left = ", ".join(sorted(record.profile_types or ())) or "-"
+        left = ", ".join(sorted(record.profile_left)) or "-"
         said = f"; last refused: {profiling.said}" if profiling.said else ""
         return f"{PROFILING_NOTE} measured {measured}; to measure {left}{said}"
 
@@ -544,4 +552,6 @@ class Profiler:
             record.profile_document = document
             record.profiling = None
             record.profile_types = None
+            record.profile_left = frozenset()
+            record.profiling_restarts = job.restarts  # not the policy's restarts
         self.profilings.pop(profiling.key, None)

@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 MEMORY_FORMAT = 2  # 2: GavelState credits time per type (type_time); Allocation.hints_move_jobs
 DEFAULT_REPORTS_PER_SHAPE = 16
 USAGE_KEY = "usage"  # meta key of the usage ledger
+PROFILING_RESTARTS_KEY = "profiling_restarts:"  # + sia id: the restarts its profiling took
 PROFILINGS_KEY = "profilings"  # meta key of the profilings under way (controller/profiling.py)
 PROFILE_KEY = "profile_document:"  # + sia id: a remembered job's own profile document
 
@@ -142,11 +143,17 @@ def save_memory(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                 (PROFILE_KEY + sia_id, json.dumps(record.profile_document)),
             )
-    conn.execute(
-        "DELETE FROM meta WHERE key LIKE ? AND substr(key, ?) NOT IN "
-        "(SELECT sia_id FROM jobs WHERE remembered = 1)",
-        (PROFILE_KEY + "%", len(PROFILE_KEY) + 1),
-    )
+        if record.profiling_restarts:  # written once, when its profiling ended
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
+                (PROFILING_RESTARTS_KEY + sia_id, json.dumps(record.profiling_restarts)),
+            )
+    for key in (PROFILE_KEY, PROFILING_RESTARTS_KEY):
+        conn.execute(
+            "DELETE FROM meta WHERE key LIKE ? AND substr(key, ?) NOT IN "
+            "(SELECT sia_id FROM jobs WHERE remembered = 1)",
+            (key + "%", len(key) + 1),
+        )
     store.set_meta(USAGE_KEY, controller.usage.to_json())
     if controller.profiler is not None:
         profilings = controller.profiler.profilings.values()
@@ -221,6 +228,7 @@ def load_memory(
         except (ProtocolError, ValueError) as exc:
             notes.append(RestoreNote(f"job {job.sia_id}", str(exc)))
             continue
+        record.profiling_restarts = int(store.meta(PROFILING_RESTARTS_KEY + job.sia_id, 0) or 0)
         record.max_gpus_seen = job.max_gpus_seen
         record.reports = job.reports_seen
         if job.last_report_time is not None:

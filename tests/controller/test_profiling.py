@@ -247,7 +247,7 @@ def test_a_hostile_document_is_refused_and_the_job_measured_again_then_held(
     (move,) = outcome.actions
     assert isinstance(move, Move) and move.config.gpu_type == "a100" and move.profile_sweep
     (decision,) = outcome.decisions
-    assert decision.note.startswith("profiling: measured none; to measure a100; last refused: ")
+    assert decision.note.startswith("profiling: measured none; to measure a100, t4; last refused: ")
     # The same document read again is not a new refusal.
     ctl.round(ClusterSnapshot(120.0, NODES, (on(job, "t4", profiled_document=document),)))
     assert profiling.refusals == {"t4": 1}
@@ -322,3 +322,32 @@ def test_without_a_profiler_an_unknown_app_is_refused_as_before(factory: Estimat
     )
     (decision,) = outcome.decisions
     assert decision.action == QUARANTINED and "no profile for app 'mynet'" in decision.note
+
+
+def test_a_job_measuring_a_type_stays_until_its_measurement_arrives(
+    factory: EstimatorFactory,
+) -> None:
+    """Moved before its sweep ran, a profiling job would lose it (the simulator saw jobs
+    ping-pong between types): on an unmeasured type, it is offered that type alone."""
+    ctl = controller(factory)
+    job = spec()
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    for t in (60.0, 120.0, 180.0):
+        outcome = ctl.round(ClusterSnapshot(t, NODES, (on(job, "t4"),)))
+        assert outcome.actions == ()
+        assert ctl.jobs["new"].profile_types == frozenset({"t4"})
+
+
+def test_the_restarts_profiling_took_are_not_charged_afterwards(
+    factory: EstimatorFactory,
+) -> None:
+    ctl = controller(factory)
+    job = spec()
+    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=measured(["t4"])),)))
+    done = on(job, "a100", restarts=1, profiled_document=measured(["t4", "dgx"]))
+    ctl.round(ClusterSnapshot(120.0, NODES, (done,)))
+    record = ctl.jobs["new"]
+    assert record.profiling is None and record.profiling_restarts == 1
+    view = record.view(now=180.0, restarts=3, current=None, placement=(), restoring=False)
+    assert view.restarts == 2  # the two the policy chose, not the profiling's
