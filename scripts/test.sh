@@ -41,9 +41,30 @@ echo "test.sh: Slurm roots ready after $(($(date +%s) - started)) s" >&2
 if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/slurm tests/launcher tests/e2e); fi
 # The accounting tests (slurmdbd on MariaDB) run in every session, but the one that lets a
 # --time=3 job run its 3 minutes (~3.3 min of waiting) runs in the host's only, for CI time:
-# the 24.11 and 26.05 sessions would pass 26 minutes with it (it passes there too).
+# the 24.11 and 26.05 sessions would pass 26 minutes with it (it passes there too). So does the
+# SIGTERM teardown test (~16 s): what it checks is this suite's conftest, the same on every release.
 host_only=(--deselect
-    tests/e2e/test_accounting_controller_live.py::test_a_three_minute_job_moved_twice_runs_three_minutes_in_all)
+    tests/e2e/test_accounting_controller_live.py::test_a_three_minute_job_moved_twice_runs_three_minutes_in_all
+    --deselect tests/slurm/test_sigterm_teardown.py)
+# A SIGTERM or SIGINT to this script (a CI timeout, Ctrl-C) goes on to every session as
+# SIGTERM, on which a session tears its fixtures down (dev clusters, slurmdbd, MariaDB;
+# tests/conftest.py), and the script still waits for them. Without this they ran on unsignalled
+# (a script's background jobs even ignore Ctrl-C) until killed outright, daemons left behind on
+# the ports the next run needs.
+pytest_pids=()
+stop_sessions() { kill -TERM "${pytest_pids[@]}" 2>/dev/null || true; }
+trap stop_sessions TERM INT
+# wait_for PID: the session's exit status. A trapped signal cuts `wait` short (status 128+n)
+# while the session is still tearing down: then wait again.
+wait_for() {
+    local code=0
+    wait "$1" || code=$?
+    while [ "$code" -gt 128 ] && kill -0 "$1" 2>/dev/null; do
+        code=0
+        wait "$1" || code=$?
+    done
+    return "$code"
+}
 logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
 declare -A session=()
 for release in "${releases[@]}"; do
@@ -51,12 +72,18 @@ for release in "${releases[@]}"; do
         python3 -m pytest -q -p no:cacheprovider "${host_only[@]}" "${targets[@]}" \
         >"$logs/$release.log" 2>&1 &
     session[$release]=$!
+    pytest_pids+=("$!")
 done
 status=0
-python3 -m pytest -q "$@" || status=$?
+# The host's session in the background too (its output still comes here as it runs), so that
+# the trap runs at once: bash runs no trap while it waits for a foreground command.
+python3 -m pytest -q "$@" &
+host=$!
+pytest_pids+=("$host")
+wait_for "$host" || status=$?
 for release in "${releases[@]}"; do
     code=0
-    wait "${session[$release]}" || code=$?
+    wait_for "${session[$release]}" || code=$?
     echo
     echo "==================== Slurm $release: ${targets[*]} ===================="
     cat "$logs/$release.log"

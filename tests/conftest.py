@@ -13,16 +13,23 @@ first when missing; sia_slurm/devcluster/chroot.py). For a root's release the se
 starts with the cluster's client wrappers, so every Slurm command a test or the code under test
 runs is that release's. ``scripts/test.sh`` runs the suite once per release, each session on
 its own ``SIA_TEST_PORT_BASE``.
+
+Any test that uses a dev-cluster fixture is marked ``slurm``, so ``-m "not slurm"`` (the inner
+loop) starts no daemon. SIGTERM stops a session as Ctrl-C does: its fixtures tear down, the
+clusters with them (tests/slurm/test_sigterm_teardown.py).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -43,6 +50,80 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_report_header() -> str:
     return f"real-Slurm tests: SIA_TEST_SLURM={TEST_SLURM}, SIA_TEST_PORT_BASE={TEST_PORT_BASE}"
+
+
+# The fixtures that start daemons: munged, slurmctld and slurmd; slurmdbd and MariaDB too for
+# the accounting cluster.
+DAEMON_FIXTURES = frozenset({"dev_cluster", "slurm_env", "accounting_cluster"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses a dev cluster is a ``slurm`` test, marked by hand or not, so that
+    ``pytest -m "not slurm"`` (the inner loop, README's Tests) starts no daemon: the unmarked
+    tests/slurm/test_dev_cluster.py once brought a cluster up in that tier. First (tryfirst), so
+    that ``-m`` deselects by the marks added here."""
+    for item in items:
+        if DAEMON_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
+
+
+class SessionTerminated(KeyboardInterrupt):
+    """SIGTERM received by the test session (a CI timeout sends it). Raised like Ctrl-C's
+    KeyboardInterrupt, which pytest answers by tearing down every fixture set up (the dev
+    clusters, their slurmdbd and MariaDB go down) before it exits with status 2; a plain SIGTERM
+    killed the session at once and left the daemons holding the ports the next session needs."""
+
+
+class _SigtermHandler:
+    """Raises :class:`SessionTerminated` on the first SIGTERM, in the main thread, wherever the
+    session is (a test, a fixture, a sleep or a subprocess wait). Once teardown has begun,
+    whether after that SIGTERM or at the session's normal end, a SIGTERM is only noted: raised
+    inside a finalizer it would cut that cluster's ``down`` short, the very thing to avoid.
+
+    A process forked from the session (a DataLoader worker, a multiprocessing child) inherits
+    the handler: there SIGTERM must end the process as it always did, not raise in it."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.received = False
+        self.tearing_down = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        first = not (self.received or self.tearing_down)
+        self.received = True
+        if first:
+            self.tearing_down = True
+            raise SessionTerminated("SIGTERM: the session stops, its fixtures tear down")
+
+
+_sigterm = _SigtermHandler()
+_sigterm_before: object = None  # the handler before ours (None: not installed)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Install the SIGTERM handler for the whole session, collection included. Tests that set
+    their own SIGTERM handler get this one back after them (:func:`_signal_handlers_restored`).
+    Only the main thread may set handlers (pytest run inside a thread sets none)."""
+    global _sigterm_before
+    if threading.current_thread() is threading.main_thread():
+        _sigterm_before = signal.signal(signal.SIGTERM, _sigterm)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Teardown of the session's fixtures starts after this hook: from here a SIGTERM must not
+    interrupt it (see :class:`_SigtermHandler`)."""
+    _sigterm.tearing_down = True
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _sigterm_before is not None and signal.getsignal(signal.SIGTERM) is _sigterm:
+        signal.signal(signal.SIGTERM, _sigterm_before)  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)

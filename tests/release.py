@@ -14,6 +14,9 @@ import os
 TEST_PORT_BASE = int(os.environ.get("SIA_TEST_PORT_BASE", "17817"))
 # A second cluster some tests start (tests/slurm/test_dev_cluster.py) sits this far above it.
 SECOND_PORT_OFFSET = 500
+# The clusters of a pytest session that tests/slurm/test_sigterm_teardown.py starts and stops
+# with SIGTERM sit this far above it (its accounting cluster 40 higher, as the session's does).
+SIGTERM_PORT_OFFSET = 600
 TEST_SLURM = os.environ.get("SIA_TEST_SLURM", "system")
 # The release that is: the host's Slurm is Debian 12's 22.05 on the machines this runs on.
 TEST_RELEASE = "22.05" if TEST_SLURM == "system" else TEST_SLURM

@@ -22,6 +22,9 @@ from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_RELEASE, TEST
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Every test here runs real daemons: the session's cluster, or a second one it starts itself.
+pytestmark = pytest.mark.slurm
+
 
 def wait_for_job(cluster: DevCluster, job_id: str, timeout_s: float = 60) -> dict[str, str]:
     runner = cluster.runner()
