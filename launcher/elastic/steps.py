@@ -72,6 +72,7 @@ class StepStats:
     # when the step's first micro-batch was handed out (perf_counter): the step's compute
     # starts here (launcher/elastic/devspeed.py stretches it on a dev cluster)
     started: float = field(default_factory=time.perf_counter)
+    started_cpu: float = field(default_factory=time.process_time)  # the process's CPU time
     sync_ready: float | None = None
     sync_done: float | None = None
     forwarded: bool = False  # a forward pass went through the model wrapper

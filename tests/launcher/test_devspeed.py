@@ -5,6 +5,10 @@ double at factor 0.5."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +21,7 @@ from torch.utils.data import TensorDataset
 from launcher.elastic import ElasticTrainer, JobEnvironment, devspeed
 from launcher.elastic.steps import StepStats
 from sia_slurm.devcluster import speed
+from tests.launcher.gloo import run_two_ranks
 
 # --------------------------------------------------------------------------------------------
 # parsing
@@ -119,8 +124,42 @@ class _Clock:
         self.now += seconds
 
 
-def _pace(job: _Job, stats: StepStats, last_start: float | None, clock: _Clock) -> float:
-    return devspeed.pace_step(job, stats, last_start, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+def _pace(
+    job: _Job, stats: StepStats, last_start: float | None, clock: _Clock, cpu: float | None = None
+) -> float:
+    """``cpu``: the CPU seconds the step used (None: as much as its wall time)."""
+    cpu_clock = None if cpu is None else (lambda: stats.started_cpu + cpu)
+    return devspeed.pace_step(  # type: ignore[arg-type]
+        job, stats, last_start, clock=clock, sleep=clock.sleep, cpu_clock=cpu_clock
+    )
+
+
+def test_time_waiting_on_peers_is_not_stretched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that took 1 s, of which its own work was 0.1 s of CPU (it waited 0.9 s for a
+    slower peer): it sleeps 3 x 0.1 s, not 3 x 1 s."""
+    monkeypatch.setenv(devspeed.SPEED_VARIABLE, "t4=0.25")
+    stats = StepStats(started=0.0, sync_ready=1.0, sync_done=1.1)
+    assert _pace(_Job("t4"), stats, 0.0, _Clock(1.2), cpu=0.1) == pytest.approx(0.3)
+
+
+def test_two_replicas_on_a_slow_type_keep_training() -> None:
+    """Each replica sleeping its factor times the time it waited for the other made the sleeps
+    grow 1/f - 1 times every step: 2 replicas at factor 0.35 stopped dead after ~17 steps."""
+    work = Path(tempfile.mkdtemp())
+    (work / "state" / "jobs" / "j").mkdir(parents=True)
+    env = JobEnvironment(
+        sia_id="j", state_dir=work / "state", checkpoint_dir=work / "ck", app="x",
+        gpu_type="rtx", profile_gpu_type="rtx", nodes=1, gpus=2, batch_size=64, local_bsz=32,
+        accum_steps=0, init_batch_size=64, max_batch_size=512, launch_round=0,
+    )  # fmt: skip
+    command = [sys.executable, "-m", "launcher.examples.transformer", "--epochs", "1000",
+               "--max-steps", "40", "--dataset-size", "512"]  # fmt: skip
+    os.environ[devspeed.SPEED_VARIABLE] = "rtx=0.35"
+    try:
+        assert run_two_ranks(command, env, 120) == [0, 0]
+    finally:
+        del os.environ[devspeed.SPEED_VARIABLE]
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_a_step_sleeps_its_whole_compute_and_reports_the_last_micro_batch_share(
@@ -172,10 +211,13 @@ COMPUTE_S = 0.03
 
 
 class _SlowLinear(torch.nn.Linear):
-    """A model whose forward pass takes COMPUTE_S: a GPU's compute the factor stretches."""
+    """A model whose forward pass takes COMPUTE_S of CPU, as a dev cluster's compute does (the
+    factor stretches the step's own work, measured in CPU time, never its waits)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        time.sleep(COMPUTE_S)
+        until = time.process_time() + COMPUTE_S
+        while time.process_time() < until:
+            pass
         return super().forward(inputs)
 
 
