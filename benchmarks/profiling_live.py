@@ -6,9 +6,10 @@ speed factors and emulated memory) and the real controller (``sia-slurm controll
 of ``--round-s``). The job is the transformer example (``launcher/examples/transformer.py``,
 ElasticTrainer, gloo) under one app name:
 
-1. **overhead**: the job alone, first with no profile anywhere (it is profiled, then scheduled),
-   then again with the profile the first run left (scheduled at once): the JCTs, the time the
-   first spent profiling and the restarts, side by side;
+1. **overhead**: the job alone and held at one GPU (the dev cluster's GPUs share this
+   machine's cores: growth would confound the comparison), first with no profile anywhere (it
+   is profiled, then scheduled), then again with the profile the first run left (scheduled at
+   once): the JCTs, the time the first spent profiling and the restarts, side by side;
 2. **accuracy**: pinned jobs of the app at 1 and 2 GPUs on every type, one after another; each
    job's reports (the ones its model was fed, from the state database) give its measured step
    time and throughput, set against the prediction of the model built from the kept profile
@@ -60,6 +61,7 @@ class Bench:
         self.paths = StatePaths(root / "state")
         self.config = root / "sia.yaml"
         self.round_s = round_s
+        self.seen: dict[str, dict[float, MetricsReport]] = {}
 
     def up(self) -> None:
         self.cluster.up(self.spec)
@@ -95,6 +97,9 @@ class Bench:
         try:
             deadline = time.monotonic() + timeout_s
             while self._unfinished(sia_ids):
+                for sia_id in sia_ids:  # a finished job's reports leave the database with it
+                    for report in self._stored_reports(sia_id):
+                        self.seen.setdefault(sia_id, {})[report.time] = report
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"not finished after {timeout_s:.0f} s: {sia_ids}")
                 time.sleep(2)
@@ -118,17 +123,25 @@ class Bench:
         return {row.id: row for row in report_from_db(self.paths.state_dir / "sia.db").jobs}
 
     def reports(self, sia_id: str) -> list[MetricsReport]:
-        """The reports the controller's model was fed for the job (the state database)."""
+        """The reports the controller's model was fed for the job while it ran, oldest first."""
+        return [report for _, report in sorted(self.seen.get(sia_id, {}).items())]
+
+    def _stored_reports(self, sia_id: str) -> list[MetricsReport]:
         db = self.paths.state_dir / "sia.db"
+        if not db.exists():
+            return []
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
             rows = conn.execute("SELECT report FROM reports WHERE sia_id = ?", (sia_id,))
             return [from_json(MetricsReport, json.loads(r[0]), "reports") for r in rows]
 
 
 def overhead(bench: Bench, steps: int, batch: int) -> list[list[str]]:
+    """The job alone, profiled then from the kept profile, each held at one GPU: the dev
+    cluster's GPUs share this machine's cores, so a job grown to several is not faster, and
+    growth would confound what profiling costs."""
     lines = []
     for mode in ("profiled", "kept profile"):
-        sia_id = bench.submit(f"lm-{mode.split()[0]}", steps=steps, batch=batch)
+        sia_id = bench.submit(f"lm-{mode.split()[0]}", "--max-gpus", "1", steps=steps, batch=batch)
         bench.run_until_done([sia_id])
         row = bench.rows()[sia_id]
         profiling = "-" if row.profiling_s is None else f"{row.profiling_s:.0f}"
@@ -196,6 +209,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000, help="the overhead runs' steps")
     parser.add_argument("--accuracy-steps", type=int, default=400)
     parser.add_argument("--batch", type=int, default=64, help="M0 (the largest batch: 8x)")
+    parser.add_argument("--no-accuracy", action="store_true", help="the overhead part only")
     args = parser.parse_args()
     bench = Bench(args.dir, args.port_base, args.round_s)
     bench.up()
@@ -204,6 +218,8 @@ def main() -> None:
         print("\noverhead (seconds; the same job alone, profiled vs from the kept profile):")
         print(table(["run", "JCT", "profiling", "restarts", "GPU type:count"],
                     overhead(bench, args.steps, args.batch)))  # fmt: skip
+        if args.no_accuracy:
+            return
         print("\naccuracy (pinned jobs; the kept profile's prediction / the measured median):")
         print(table(["type", "GPUs", "local x steps", "step ms (pred / meas)",
                      "samples/s (pred / meas)", "error"],
