@@ -46,6 +46,20 @@ class SharesConfig:
     usage_half_life_s: float = 3600.0  # how long past GPU time counts (UsageLedger)
     usage_factor_limit: float = 8.0  # clip of the usage factors; 1: static shares only
 
+    def __reduce__(self) -> tuple[type[SharesConfig], tuple[object, ...]]:
+        """Pickled as its plain fields (a mapping proxy does not pickle): a simulation's config
+        goes to the worker processes of ``sim.parallel``."""
+        return (
+            type(self),
+            (
+                dict(self.accounts),
+                dict(self.users),
+                self.default_share,
+                self.usage_half_life_s,
+                self.usage_factor_limit,
+            ),
+        )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "accounts", MappingProxyType(dict(self.accounts)))
         object.__setattr__(self, "users", MappingProxyType(dict(self.users)))

@@ -209,3 +209,16 @@ def test_policy_input_rejects_bad_weights() -> None:
     cluster = ClusterView((NodeView("n0", "a100", 4, 4),))
     with pytest.raises(ValueError, match="weights"):
         PolicyInput(cluster, (), weights={"a": 0.0})
+
+
+def test_a_shares_config_pickles_for_the_simulators_worker_processes() -> None:
+    """A simulation's config, shares included, goes to sim.parallel's worker processes: a
+    mapping proxy does not pickle, and a run with more than one worker failed."""
+    import pickle
+
+    from sia_slurm.policy.shares import SharesConfig, UserShareConfig
+    from sia_slurm.sim.run import SimulationConfig
+
+    shares = SharesConfig({"physics": 2.0}, {"alice": UserShareConfig("physics", 3.0)}, 0.5)
+    config = SimulationConfig(policy="sia", shares=shares)
+    assert pickle.loads(pickle.dumps(config)) == config
