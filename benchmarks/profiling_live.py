@@ -207,7 +207,7 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=26817)
     parser.add_argument("--round-s", type=float, default=15.0)
     parser.add_argument("--steps", type=int, default=3000, help="the overhead runs' steps")
-    parser.add_argument("--accuracy-steps", type=int, default=400)
+    parser.add_argument("--accuracy-steps", type=int, default=3000, help="each pinned job's")
     parser.add_argument("--batch", type=int, default=64, help="M0 (the largest batch: 8x)")
     parser.add_argument("--no-accuracy", action="store_true", help="the overhead part only")
     args = parser.parse_args()
