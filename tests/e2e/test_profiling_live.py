@@ -186,7 +186,7 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     controller builds its model from what it measured, and the job trains to its end."""
     done = subprocess.run(
         [sys.executable, "-m", "launcher.sbatch", "--config", str(site.config_path),
-         "--batch-size", "8", "--max-batch-size", "64", "--max-gpus", "2",
+         "--batch-size", "8", "--max-batch-size", "256", "--max-gpus", "2",
          f"--output={site.root / 'lm.out'}", "--export=ALL,SIA_METRICS_INTERVAL_S=1",
          "--", sys.executable, "-m", "launcher.examples.transformer",
          "--epochs", "1000", "--max-steps", "3000", "--dataset-size", "512"],
@@ -223,11 +223,14 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     assert sorted(set(types)) == ["a100", "rtx", "t4"] and len(types) <= 5, types
     document = json.loads(profiled_doc.read_text())
     limits = document["max_local_bsz"]
-    # The emulated memory caps the sweep (t4 16 GB < a100 40 GB); the speed factors make t4
-    # slower than a100 at the same batch.
-    assert limits["dgx"] == 64 and limits["t4"] == 64 and limits["rtx"] == 64, limits
+    # The dev cluster's TaskProlog reached the job: its emulated memory capped each type's
+    # sweep (a100 320 samples, t4 128, rtx 88: the last power of two that fits), and its speed
+    # factors made t4 slower than a100 (4x in theory; the load beside a test shrinks it).
+    assert limits == {"dgx": 256, "t4": 128, "rtx": 64}, limits
     step = {(p["gpu_type"], p["local_bsz"]): p["step_time"] for p in document["seed"]}
-    assert step[("t4", 64)] > 2 * step[("dgx", 64)], step
+    common = [b for (t, b) in step if t == "t4" and ("dgx", b) in step]
+    t4 = sum(step[("t4", b)] for b in common)
+    assert t4 > 1.5 * sum(step[("dgx", b)] for b in common), step
     # Scheduled from its profile now; left where it is, it trains to its end.
     wait_for(
         lambda: site.slurm_job(slurm_id)["JobState"] == "COMPLETED",
