@@ -417,13 +417,15 @@ def _plan_inputs(
     target_limit = max_local_bsz[own]  # (J, C)
     projected = (gpus > 1) & (target_limit > 0) & ~multi_gpu[own] & (reference >= 0)
     source = np.where(projected, reference, own).reshape(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):  # only projected entries are kept
+        ratio = np.where(projected, xput1[own] / xput1[reference], 1.0).reshape(-1)
     return _PlanInputs(
         params=params[source],
         nodes=np.tile(nodes, len(jobs)),
         gpus=np.tile(gpus, len(jobs)),
         source_limit=max_local_bsz[source],
         target_limit=target_limit.reshape(-1),
-        ratio=np.where(projected, xput1[own] / xput1[reference], 1.0).reshape(-1),
+        ratio=ratio,
         projected=projected.reshape(-1),
     )
 
