@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sia_slurm.cli.report_cmd import gpu_history
 from sia_slurm.controller import EstimatorFactory
 from sia_slurm.controller.reports import iteration_time
 from sia_slurm.core import Configuration
@@ -146,7 +147,7 @@ def overhead(bench: Bench, steps: int, batch: int) -> list[list[str]]:
         row = bench.rows()[sia_id]
         profiling = "-" if row.profiling_s is None else f"{row.profiling_s:.0f}"
         jct = f"{row.jct_s:.0f}" if row.jct_s is not None else "-"
-        lines.append([mode, jct, profiling, str(row.restarts), _history(row)])
+        lines.append([mode, jct, profiling, str(row.restarts), gpu_history(row)])
     return lines
 
 
@@ -183,15 +184,6 @@ def accuracy(bench: Bench, steps: int, batch: int) -> list[list[str]]:
                 f"{predicted:.0f} / {measured:.0f}", f"{predicted / measured - 1:+.1%}",
             ])  # fmt: skip
     return lines
-
-
-def _history(row: Any) -> str:
-    steps: list[str] = []
-    for segment in row.segments:
-        step = f"{segment.gpu_type}:{segment.gpus}"
-        if not steps or steps[-1] != step:
-            steps.append(step)
-    return " -> ".join(steps) or "-"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
