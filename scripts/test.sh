@@ -2,9 +2,11 @@
 # Install everything, then run the linters and the whole test suite, Slurm integration included,
 # on every Slurm release sia-slurm supports:
 #   - the whole suite on the host's Slurm (Debian 12: 22.05), output here as it runs;
-#   - the real-Slurm tests (tests/slurm, tests/launcher, tests/e2e) on Slurm 24.11 and 26.05,
-#     each from its Debian root (built once by debootstrap, ~1 min each, cached under
-#     /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; sia_slurm/devcluster/chroot.py).
+#   - the real-Slurm tests (marked `slurm`: every test that starts daemons, tests/conftest.py)
+#     on Slurm 24.11 and 26.05, each from its Debian root (built once by debootstrap, ~1 min
+#     each, cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS;
+#     sia_slurm/devcluster/chroot.py). The other tests run no Slurm command, so they run once:
+#     running tests/launcher's torch runs three times on two cores cost CI ~10 minutes.
 # The three pytest sessions run side by side, each with its own dev cluster on its own ports
 # (SIA_TEST_SLURM, SIA_TEST_PORT_BASE; tests/release.py): most of their time is spent waiting
 # on Slurm (requeue delays, node timeouts), not on the CPU, so together they take about as long
@@ -38,7 +40,7 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 echo "test.sh: Slurm roots ready after $(($(date +%s) - started)) s" >&2
 
-if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests/slurm tests/launcher tests/e2e); fi
+if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests); fi
 # The accounting tests (slurmdbd on MariaDB) run in every session, but the one that lets a
 # --time=3 job run its 3 minutes (~3.3 min of waiting) runs in the host's only, for CI time:
 # the 24.11 and 26.05 sessions would pass 26 minutes with it (it passes there too). So does the
@@ -69,7 +71,7 @@ logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
 declare -A session=()
 for release in "${releases[@]}"; do
     SIA_TEST_SLURM=$release SIA_TEST_PORT_BASE=${port_base[$release]} \
-        python3 -m pytest -q -p no:cacheprovider "${host_only[@]}" "${targets[@]}" \
+        python3 -m pytest -q -p no:cacheprovider -m slurm "${host_only[@]}" "${targets[@]}" \
         >"$logs/$release.log" 2>&1 &
     session[$release]=$!
     pytest_pids+=("$!")
@@ -85,7 +87,7 @@ for release in "${releases[@]}"; do
     code=0
     wait_for "${session[$release]}" || code=$?
     echo
-    echo "==================== Slurm $release: ${targets[*]} ===================="
+    echo "==================== Slurm $release: -m slurm ${targets[*]} ===================="
     cat "$logs/$release.log"
     [ "$code" = 0 ] || status=$code
 done
