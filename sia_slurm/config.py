@@ -21,6 +21,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
+from sia_slurm.config_keys import default as key_default
+from sia_slurm.config_keys import keys_under
 from sia_slurm.policy.settings import POLICY_PARAMS
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig, UserShareConfig
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
@@ -121,19 +123,8 @@ class SiaConfig:
         return self.state_dir / "sia.db"
 
 
-_TOP_LEVEL_KEYS = (
-    "round_seconds",
-    "state_dir",
-    "managed_marker",
-    "dry_run",
-    "gpu_types",
-    "partitions",
-    "policy",
-    "restart",
-    "slurm",
-    "shares",
-)
-_REQUIRED_TOP_LEVEL = ("state_dir", "partitions")
+_TOP_LEVEL_KEYS = tuple(keys_under(""))
+_REQUIRED_TOP_LEVEL = tuple(name for name, key in keys_under("").items() if key.required)
 
 
 def resolve_config_path(path: str | os.PathLike[str] | None) -> Path:
@@ -175,20 +166,22 @@ def parse_config(text: str, path: Path | None = None) -> SiaConfig:
 
 def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
     _check_keys(data, (), _TOP_LEVEL_KEYS, _REQUIRED_TOP_LEVEL, source)
-    round_seconds = _number(data.get("round_seconds", 60.0), ("round_seconds",), source)
+    round_seconds = _number(
+        data.get("round_seconds", key_default("round_seconds")), ("round_seconds",), source
+    )
     if round_seconds is not None and round_seconds <= 0:
         source.issue(
             ("round_seconds",), f"expected a positive number of seconds, got {round_seconds:g}"
         )
     state_dir = _state_dir(data.get("state_dir"), source)
-    marker = data.get("managed_marker", "sia-slurm")
+    marker = data.get("managed_marker", key_default("managed_marker"))
     if not isinstance(marker, str) or not _SLURM_NAME.match(marker):
         source.issue(
             ("managed_marker",),
             f"expected a word of letters, digits, '_', '.' or '-' (it goes into the job "
             f"comment), got {marker!r}",
         )
-    dry_run = data.get("dry_run", False)
+    dry_run = data.get("dry_run", key_default("dry_run"))
     if not isinstance(dry_run, bool):
         source.issue(("dry_run",), f"expected true or false, got {dry_run!r}")
     gpu_types = _gpu_types(data.get("gpu_types"), source)
@@ -265,7 +258,7 @@ def _gpu_types(value: Any, source: YamlSource) -> tuple[GpuTypeConfig, ...]:
                 keypath, f"expected a mapping like {{profile: {name}}}, got {_kind(settings)}"
             )
             continue
-        _check_keys(settings, keypath, {"profile": name}, (), source)
+        _check_keys(settings, keypath, keys_under("gpu_types.<type>"), (), source)
         profile = settings.get("profile", name)
         if not isinstance(profile, str) or not profile:
             source.issue((*keypath, "profile"), f"expected a profile GPU-type key, got {profile!r}")
@@ -295,13 +288,9 @@ def _partitions(value: Any, source: YamlSource) -> tuple[PartitionConfig, ...]:
                 f"got {_kind(settings)}",
             )
             continue
-        _check_keys(
-            settings,
-            keypath,
-            {"gpu_type": None, "gpus_per_node": None},
-            ("gpu_type", "gpus_per_node"),
-            source,
-        )
+        allowed = keys_under("partitions.<partition>")
+        required = tuple(name for name, key in allowed.items() if key.required)
+        _check_keys(settings, keypath, allowed, required, source)
         gpu_type = settings.get("gpu_type")
         gpus = settings.get("gpus_per_node")
         ok = True
@@ -387,10 +376,7 @@ def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
     if not isinstance(value, dict):
         source.issue(("shares",), f"expected a mapping of settings, got {_kind(value)}")
         return None
-    allowed = dict.fromkeys(
-        ("accounts", "users", "default_share", "usage_half_life_s", "usage_factor_limit")
-    )
-    _check_keys(value, ("shares",), allowed, (), source)
+    _check_keys(value, ("shares",), keys_under("shares"), (), source)
     accounts: dict[str, float] = {}
     raw_accounts = value.get("accounts") or {}
     if not isinstance(raw_accounts, dict):
@@ -417,28 +403,42 @@ def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
                 keypath, f"expected a mapping like {{account: a, share: 1}}, got {_kind(settings)}"
             )
             continue
-        _check_keys(settings, keypath, {"account": None, "share": None}, (), source)
+        _check_keys(settings, keypath, keys_under("shares.users.<user>"), (), source)
         account = settings.get("account")
         if account is not None and (not isinstance(account, str) or not _SLURM_NAME.match(account)):
             source.issue((*keypath, "account"), f"expected a Slurm account name, got {account!r}")
             continue
-        share = _positive(settings.get("share", 1.0), (*keypath, "share"), source)
+        share = _positive(
+            settings.get("share", key_default("shares.users.<user>.share")),
+            (*keypath, "share"),
+            source,
+        )
         if share is not None:
             users[str(name)] = UserShareConfig(account=account, share=share)
-    default = _positive(value.get("default_share", 1.0), ("shares", "default_share"), source)
-    half_life = _positive(
-        value.get("usage_half_life_s", 3600.0), ("shares", "usage_half_life_s"), source
+    default_share = _positive(
+        value.get("default_share", key_default("shares.default_share")),
+        ("shares", "default_share"),
+        source,
     )
-    limit = _number(value.get("usage_factor_limit", 8.0), ("shares", "usage_factor_limit"), source)
+    half_life = _positive(
+        value.get("usage_half_life_s", key_default("shares.usage_half_life_s")),
+        ("shares", "usage_half_life_s"),
+        source,
+    )
+    limit = _number(
+        value.get("usage_factor_limit", key_default("shares.usage_factor_limit")),
+        ("shares", "usage_factor_limit"),
+        source,
+    )
     if limit is not None and limit < 1:
         source.issue(("shares", "usage_factor_limit"), f"expected a number >= 1, got {limit:g}")
         limit = None
-    if default is None or half_life is None or limit is None:
+    if default_share is None or half_life is None or limit is None:
         return None
     return SharesConfig(
         accounts,
         users,
-        default_share=default,
+        default_share=default_share,
         usage_half_life_s=half_life,
         usage_factor_limit=limit,
     )

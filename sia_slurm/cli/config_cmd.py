@@ -15,6 +15,7 @@ from sia_slurm.config import (
     load_config,
     resolve_config_path,
 )
+from sia_slurm.config_keys import reference_markdown
 from sia_slurm.livecheck import check_live
 from sia_slurm.policy.sia import SiaPolicyConfig
 from sia_slurm.slurm.accounting import AccountingReader
@@ -99,3 +100,12 @@ def check(path: Path | None, live: bool) -> None:
         raise SystemExit(1)
     types = ", ".join(f"{p.name}=gpu:{p.gpu_type}:{p.gpus_per_node}" for p in cfg.partitions)
     click.echo(f"{resolved}: OK (live: {types})")
+
+
+@config.command(
+    "keys",
+    help="Print every key of the configuration file, with its value, default and meaning "
+    "(Markdown tables: the file's own keys, then each policy's parameters).",
+)
+def keys() -> None:
+    click.echo(reference_markdown(), nl=False)
