@@ -33,5 +33,5 @@ python3 -c "import torch" 2>/dev/null || pip install -q torch==2.13.0
 constraint=$(mktemp)
 trap 'rm -f "$constraint"' EXIT
 python3 -c "import torch; print(f'torch=={torch.__version__}')" >"$constraint"
-pip install -q -c "$constraint" -e ".[train,lightning,dev]"
+pip install -q -c "$constraint" -e ".[train,lightning,dev,docs]"
 echo "install: done ($(slurmctld -V), $(python3 --version), sia-slurm $(python3 -c 'import sia_slurm; print(sia_slurm.__version__)'))" >&2

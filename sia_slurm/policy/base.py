@@ -114,7 +114,9 @@ class JobView:
     age: float = 0.0
     submit_time: float = 0.0
     restarts: int = 0
-    restart_cost: float | None = None  # measured S in seconds; None = the policy's default
+    restart_cost: float | None = (
+        None  # S in seconds (sia-sbatch --restart-cost); None: the policy's
+    )
     current: Configuration | None = None
     placement: tuple[NodeShare, ...] = ()
     min_gpus: int = 1
