@@ -60,7 +60,7 @@ DAEMON_FIXTURES = frozenset({"dev_cluster", "slurm_env", "accounting_cluster"})
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a dev cluster is a ``slurm`` test, marked by hand or not, so that
-    ``pytest -m "not slurm"`` (the inner loop, README's Tests) starts no daemon: the unmarked
+    ``pytest -m "not slurm"`` (the inner loop, docs/testing.md) starts no daemon: the unmarked
     tests/slurm/test_dev_cluster.py once brought a cluster up in that tier. First (tryfirst), so
     that ``-m`` deselects by the marks added here."""
     for item in items:

@@ -131,11 +131,13 @@ def test_sia_sbatch_needs_a_training_command(tmp_path, monkeypatch) -> None:
     assert CliRunner().invoke(sbatch_cli, ["--help"]).exit_code == 0
 
 
-def test_readme_config_example_is_real_output(tmp_path, monkeypatch) -> None:
-    """The README shows `cat bad.yaml` and `sia-slurm config check bad.yaml`; both must hold."""
+def test_the_config_references_example_is_real_output(tmp_path, monkeypatch) -> None:
+    """docs/reference/config.md shows `cat bad.yaml` and `sia-slurm config check bad.yaml`;
+    both must hold."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "docs" / "reference" / "config.md").read_text()
     block = readme.split("```console\n$ cat bad.yaml\n", 1)[1].split("\n```", 1)[0]
     content, output = block.split("$ sia-slurm config check bad.yaml\n")
     (tmp_path / "bad.yaml").write_text(content)

@@ -1,18 +1,22 @@
 """How a training process learns that the controller wants something: files first, signals
 as hints.
 
-The controller asks for a stop by writing ``jobs/<sia_id>/stop.json`` and then sending SIGUSR1
-to the batch step, and for a new batch by rewriting ``jobs/<sia_id>/assignment.json`` with a
-higher round. Signals do not reliably reach the workers (torchrun's agent does not forward
-SIGUSR1), so rank 0 polls the two files (a ``stat`` each, at most every ``poll_interval_s``,
-or at once after a SIGUSR1) and the ranks agree on the outcome in the step's control
-all-reduce. SIGTERM/SIGINT (requeue, preemption, time limit) are caught in every process and
-turned into a flag, so the step in flight completes and rank 0 can checkpoint.
+The controller asks for a stop by writing ``control/<sia_id>/stop.json`` and then sending
+SIGUSR1 to the batch step, and for a new batch by rewriting ``control/<sia_id>/assignment.json``
+with a higher round. Both files are in the controller's own tree (``control/<sia_id>/``, its
+service account's; the job only reads it), not in the job's ``jobs/<sia_id>/`` (its user's,
+where rank 0 writes the ack): :class:`sia_slurm.protocol.StatePaths`. Signals do not reliably
+reach the workers (torchrun's agent does not forward SIGUSR1), so rank 0 polls the two files
+(a ``stat`` each, at most every ``poll_interval_s``, or at once after a SIGUSR1) and the ranks
+agree on the outcome in the step's control all-reduce. SIGTERM/SIGINT (requeue, preemption,
+time limit) are caught in every process and turned into a flag, so the step in flight
+completes and rank 0 can checkpoint.
 
 A stop request applies to this run when its round is later than the round of the assignment
-the run started with, and this run has not acknowledged it yet (``ack-<round>.<run>`` absent,
-where the run is this Slurm job id and restart count): the request that preceded this very
-start is therefore never mistaken for a new one.
+the run started with, and this run has not acknowledged it yet
+(``jobs/<sia_id>/ack-<round>.<job id>.<restart count>`` absent, for this run's Slurm job id
+and restart count): the request that preceded this very start is therefore never mistaken for
+a new one.
 """
 
 from __future__ import annotations
@@ -166,8 +170,8 @@ class ControlFiles:
         return assignment.hands_over(*self.run, self.hostnames)
 
     def write_ack(self, round_index: int) -> Path:
-        """Create this run's empty ``ack-<round>.<run>`` atomically (after the checkpoint is
-        durable)."""
+        """Create this run's empty ``jobs/<sia_id>/ack-<round>.<job id>.<restart count>``
+        atomically (after the checkpoint is durable)."""
         path = self.paths.ack(self.sia_id, round_index, *self.run)
         write_empty_atomic(path)
         return path
