@@ -15,7 +15,7 @@ metrics report of each job that runs the emulated trainer two ways:
    ``sia_slurm/report/from_db.py`` ``goodput_pair``), so they differ by the throughput
    model's error there: this one measures the goodput model's fit, not only the emulation.
    On the demo of 2026-11-26, yolov3's prediction was 30% off what it measured at the step
-   time its profile gives (the model's worst fit, README "Goodput model").
+   time its profile gives (the model's worst fit, docs/concepts/goodput.md).
 
 Usage: python benchmarks/emulation_check.py --config DIR/sia.yaml
            [--time-scale calibration|FACTOR] [--tolerance 0.10]

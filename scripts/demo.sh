@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sia-slurm demo (README command 1; docs/demo.md): install everything, start a dev cluster
+# The sia-slurm demo (the README's first command; docs/demo.md): install everything, start a dev cluster
 # with three GPU types (2 x 4 a100, 2 x 4 rtx, 2 x 4 t4 fake GPUs), submit a small mixed workload
 # with sia-sbatch (emulated trainers of six apps and two real PyTorch jobs), run the controller
 # until every job has finished, print the job table and write the dashboard; the cluster it

@@ -1,6 +1,6 @@
 """slurm.conf and gres.conf for a dev cluster: pure text from the spec and the layout.
 
-Facts these rely on (verified on Slurm 22.05; README, "The dev cluster"): several slurmd on one
+Facts these rely on (verified on Slurm 22.05; docs/dev-cluster.md): several slurmd on one
 host need their own Port=, the host's name as NodeHostname and 127.0.0.1 as NodeAddr; typed GPUs
 need gres.conf File= entries or slurmd drops them; CPUs beyond the host's are accepted with
 SlurmdParameters=config_overrides.
