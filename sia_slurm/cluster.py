@@ -2,7 +2,7 @@
 
 Two implementations share it, so the simulator and production run the same controller round:
 
-* :class:`sia_slurm.slurm.backend.SlurmBackend` — a real Slurm (``squeue``/``sinfo``/``scontrol``);
+* :class:`sia_slurm.slurm.backend.SlurmBackend` — a real Slurm (``scontrol``, ``squeue --json``);
 * :class:`sia_slurm.sim.simulated_cluster.SimulatedCluster` — trace-driven ground truth on a
   simulated clock.
 

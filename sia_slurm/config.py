@@ -90,7 +90,7 @@ class RestartConfig:
 class SlurmConfig:
     """How the controller talks to Slurm."""
 
-    backend: str = "cli"  # "cli": squeue/sinfo/scontrol; "pyslurm": the optional binding
+    backend: str = "cli"  # "cli": scontrol, squeue --json; "pyslurm": the binding
     bin_dir: str = ""  # directory of the Slurm commands; empty = search PATH
 
 

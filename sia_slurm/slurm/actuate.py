@@ -17,7 +17,8 @@ Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
   a requeue delays it by cred_expire + 1 s, and ``now`` could meet the credential revoked in
   the kill's second, :func:`commands.relaunch_floor`), set that ``StartTime`` while the job is
   still held, then ``scontrol release``.
-  A node-count shrink of a job that has run does not take on 22.05: the job is resubmitted
+  A node-count shrink normally takes in place (``NumNodes`` with ``NumCPUs``); where Slurm
+  leaves the job in ``BadConstraints`` (or ``resubmit_shrinks``) the job is resubmitted
   under a new Slurm job id with the same comment (sia id) and batch script
   (``scontrol write batch_script``, kept in ``control/<sia_id>/``), recorded in
   ``control/<sia_id>/slurm.json``, and the old job is cancelled. Only root can submit for
