@@ -44,13 +44,10 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 echo "test.sh: Slurm roots ready after $(($(date +%s) - started)) s" >&2
 
 if [ $# -gt 0 ]; then targets=("$@"); else targets=(tests); fi
-# The accounting tests (slurmdbd on MariaDB) run in every session, but the one that lets a
-# --time=3 job run its 3 minutes (~3.3 min of waiting) runs in the host's only, for CI time:
-# the 24.11 and 26.05 sessions would pass 26 minutes with it (it passes there too). So does the
-# SIGTERM teardown test (~16 s): what it checks is this suite's conftest, the same on every release.
-host_only=(--deselect
-    tests/e2e/test_accounting_controller_live.py::test_a_three_minute_job_moved_twice_runs_three_minutes_in_all
-    --deselect tests/slurm/test_sigterm_teardown.py)
+# Tests marked one_release run in the host's session only: their Slurm commands are those other
+# tests run on every release, and what they check is the controller's or the job side's logic
+# (profiling, the user-file door, this suite's SIGTERM teardown) or a long wait (a --time=3 job's
+# 3.3 minutes). Each says why where it is marked (docs/testing.md, "Tiers").
 # A SIGTERM or SIGINT to this script (a CI timeout, Ctrl-C) goes on to every session as
 # SIGTERM, on which a session tears its fixtures down (dev clusters, slurmdbd, MariaDB;
 # tests/conftest.py), and the script still waits for them. Without this they ran on unsignalled
@@ -74,7 +71,7 @@ logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
 declare -A session=()
 for release in "${releases[@]}"; do
     SIA_TEST_SLURM=$release SIA_TEST_PORT_BASE=${port_base[$release]} \
-        python3 -m pytest -q -p no:cacheprovider -m slurm "${host_only[@]}" "${targets[@]}" \
+        python3 -m pytest -q -p no:cacheprovider -m "slurm and not one_release" "${targets[@]}" \
         >"$logs/$release.log" 2>&1 &
     session[$release]=$!
     pytest_pids+=("$!")
@@ -90,7 +87,7 @@ for release in "${releases[@]}"; do
     code=0
     wait_for "${session[$release]}" || code=$?
     echo
-    echo "==================== Slurm $release: -m slurm ${targets[*]} ===================="
+    echo "==================== Slurm $release: -m 'slurm and not one_release' ${targets[*]} ===================="
     cat "$logs/$release.log"
     [ "$code" = 0 ] || status=$code
 done

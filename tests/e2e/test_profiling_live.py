@@ -30,7 +30,9 @@ from tests.e2e.test_controller_live import (  # noqa: E402
     wait_for,
 )
 
-pytestmark = pytest.mark.slurm
+# Profiling is the controller's and the job side's logic: its Slurm commands (start, move, stop
+# of one-GPU runs) are those every release runs in tests/slurm and test_controller_live.py.
+pytestmark = [pytest.mark.slurm, pytest.mark.one_release]
 __all__ = ["site"]  # the fixture, used by name
 
 

@@ -501,6 +501,7 @@ def test_a_requeue_by_the_user_is_undone(site: Site, jobs: dict[str, tuple[str, 
     wait_for("her job under the controller again", lambda: site.under_control(job_id, sia_id))
 
 
+@pytest.mark.one_release  # the user-file door; its Slurm commands are every other test's
 def test_hostile_values_and_lies_stay_with_their_job(
     site: Site, jobs: dict[str, tuple[str, str]]
 ) -> None:

@@ -24,7 +24,8 @@ from sia_slurm.devcluster.process import DaemonRecord, is_alive
 from tests.release import SIGTERM_PORT_OFFSET, TEST_PORT_BASE
 from tests.slurm.sigterm_session import REPORT_VARIABLE
 
-pytestmark = pytest.mark.slurm
+# What it checks is this suite's conftest, the same on every release.
+pytestmark = [pytest.mark.slurm, pytest.mark.one_release]
 
 REPO = Path(__file__).resolve().parents[2]
 SESSION = Path(__file__).with_name("sigterm_session.py")
