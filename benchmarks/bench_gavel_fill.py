@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.estimators
 
 from sia_slurm.policy.gavel_fill import water_fill
 from sia_slurm.policy.gavel_lp import fill_program, solve_lp
-from sia_slurm.policy.settings import GavelPolicyConfig
+from sia_slurm.policy.parameters import GavelPolicyConfig
 from sia_slurm.sim.inputs import load_inputs
 from sia_slurm.sim.run import SimulationConfig, simulate
 from sia_slurm.sim.workload import load_workload
