@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.estimators
+
 from sia_slurm.policy.gavel_fill import water_fill
 from sia_slurm.policy.gavel_lp import fill_program, solve_lp
-from sia_slurm.policy.settings import GavelPolicyConfig
-from sia_slurm.policy.testing import gavel_instance
+from sia_slurm.policy.parameters import GavelPolicyConfig
 from sia_slurm.sim.inputs import load_inputs
 from sia_slurm.sim.run import SimulationConfig, simulate
 from sia_slurm.sim.workload import load_workload
+from tests.estimators import gavel_instance
 
 REPO = Path(__file__).resolve().parents[1]
 

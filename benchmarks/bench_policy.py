@@ -27,10 +27,14 @@ import functools
 import logging
 import re
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.estimators
 
 import numpy as np
 from blas import single_threaded
@@ -41,7 +45,7 @@ from sia_slurm.policy import sia_milp
 from sia_slurm.policy.base import Allocation, ClusterView, JobView, PolicyInput
 from sia_slurm.policy.placement import Placement, place
 from sia_slurm.policy.registry import make_policy
-from sia_slurm.policy.testing import make_cluster, random_synthetic_estimator
+from tests.estimators import make_cluster, random_synthetic_estimator
 
 PAPER_CLUSTER = [("t4", 6, 4, 1.0), ("rtx", 3, 8, 1.8), ("a100", 2, 8, 5.0)]
 FIVE_TYPES = [("t4", 4, 1.0), ("rtx", 8, 1.8), ("v100", 8, 3.0), ("quad", 4, 2.2), ("a100", 8, 5.0)]

@@ -44,8 +44,8 @@ if str(REPO) not in sys.path:  # this checkout's package, not another one instal
     sys.path.insert(0, str(REPO))
 
 from sia_slurm.sim.apps import default_workloads_dir  # noqa: E402
+from sia_slurm.sim.artifact_metrics import HOUR, JobOutcome, pooled_metrics, workload_metrics  # noqa: E402
 from sia_slurm.sim.inputs import load_inputs, load_sim_workloads  # noqa: E402
-from sia_slurm.sim.metrics import HOUR, JobOutcome, pooled_metrics, workload_metrics  # noqa: E402
 from sia_slurm.sim.run import PROFILING_MODES, SimulationConfig, simulate  # noqa: E402
 
 CLUSTER = REPO / "etc" / "clusters" / "hetero64.yaml"

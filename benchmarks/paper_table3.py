@@ -35,16 +35,16 @@ if str(REPO) not in sys.path:  # this checkout's package, not another one instal
     sys.path.insert(0, str(REPO))
 
 from sia_slurm.sim.apps import default_workloads_dir  # noqa: E402
-from sia_slurm.sim.inputs import load_inputs, load_sim_workloads  # noqa: E402
-from sia_slurm.sim.metrics import (  # noqa: E402
+from sia_slurm.sim.artifact_metrics import (  # noqa: E402
     JobOutcome,
     PooledMetrics,
     WorkloadMetrics,
     pooled_metrics,
     workload_metrics,
 )
-from sia_slurm.sim.parallel import WorkloadTask, run_tasks  # noqa: E402
+from sia_slurm.sim.inputs import load_inputs, load_sim_workloads  # noqa: E402
 from sia_slurm.sim.run import SimulationConfig, SimulationResult  # noqa: E402
+from sia_slurm.sim.workload_pool import WorkloadTask, run_tasks  # noqa: E402
 
 CLUSTER = REPO / "etc" / "clusters" / "hetero64.yaml"
 TRACES = {"philly": "philly", "helios": "saturn"}  # trace name -> folder under data/workloads

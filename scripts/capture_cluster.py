@@ -2,7 +2,7 @@
 
 One Slurm release run either from its cached Debian root (``chroot ROOT ...``, with /proc, /dev
 and /sys bound in) or from the host: munged, slurmctld and six slurmd whose slurm.conf and
-gres.conf are rendered by sia_slurm/devcluster/render.py, as the dev cluster's. Kept apart from
+gres.conf are rendered by sia_slurm/devcluster/slurm_conf.py, as the dev cluster's. Kept apart from
 what is recorded so that each file reads as one thing.
 """
 
@@ -24,12 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster.render import (  # noqa: E402
+from sia_slurm.devcluster.roots import mounts_under  # noqa: E402
+from sia_slurm.devcluster.slurm_conf import (  # noqa: E402
     ClusterLayout,
     render_gres_conf,
     render_slurm_conf,
 )
-from sia_slurm.devcluster.roots import mounts_under  # noqa: E402
 from sia_slurm.devcluster.spec import DevClusterSpec  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402
 

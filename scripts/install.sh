@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # builds the Debian roots of other Slurm releases (`sia-slurm dev-cluster root 24.11|26.05`,
 # cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; sia_slurm/devcluster/roots.py).
 # slurmdbd and mariadb-server: Slurm accounting in the dev cluster (`dev-cluster up --accounting`,
-# sia_slurm/devcluster/accounting.py); the dev cluster starts and stops them itself.
+# sia_slurm/devcluster/slurmdbd.py); the dev cluster starts and stops them itself.
 packages="slurmctld slurmd slurm-client munge chromium debootstrap slurmdbd mariadb-server"
 missing=0
 for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium debootstrap \

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from sia_slurm.accounts import SiteAccounting
 from sia_slurm.core import Configuration, NodeShare, NodeView
+from sia_slurm.policy.site_accounting import SiteAccounting
 from sia_slurm.protocol import JobSpec, MetricsReport
 
 

@@ -23,7 +23,7 @@ from typing import Any, get_args, get_type_hints
 
 from sia_slurm.config_keys import default as key_default
 from sia_slurm.config_keys import keys_under
-from sia_slurm.policy.settings import POLICY_PARAMS
+from sia_slurm.policy.parameters import POLICY_PARAMS
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig, UserShareConfig
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
 

@@ -128,7 +128,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "The allocation policy: `name`, then the parameters of that policy (below).",
     ),
     ConfigKey("policy.name", "sia, pollux, gavel, fifo", "sia", "Which policy runs each round."),
-    # ---- Sia (sia_slurm.policy.settings.SiaPolicyConfig)
+    # ---- Sia (sia_slurm.policy.parameters.SiaPolicyConfig)
     ConfigKey(
         "policy.p",
         "number != 0",

@@ -147,7 +147,7 @@
     const profiled = jobs.some((j) => typeof j.profiling_s === "number");
     // Per column: its value, and for a number its digits and cell class. The two goodput
     // columns are one pair (their header titles in index.html; JobRow in
-    // sia_slurm/report/data.py): both of the shape the job's newest report measured, on that
+    // sia_slurm/report/report_data.py): both of the shape the job's newest report measured, on that
     // report's statistical efficiency, so they differ by the throughput model's error only.
     const columns = [
       { value: (j) => j.id }, { value: (j) => j.app }, { value: (j) => j.state },

@@ -18,7 +18,7 @@ from sia_slurm.config import (
     parse_config,
 )
 from sia_slurm.config_keys import KEYS, NO_DEFAULT, REQUIRED, keys_under, reference_markdown
-from sia_slurm.policy.settings import POLICY_PARAMS
+from sia_slurm.policy.parameters import POLICY_PARAMS
 from sia_slurm.policy.shares import SharesConfig
 
 MINIMAL = "state_dir: /var/lib/sia\npartitions:\n  gpu-a: {gpu_type: a100, gpus_per_node: 4}\n"

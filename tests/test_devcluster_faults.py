@@ -34,7 +34,7 @@ from sia_slurm.devcluster.process import (
     node_job_processes,
     sockets_under,
 )
-from sia_slurm.devcluster.render import ClusterLayout, render_slurm_conf
+from sia_slurm.devcluster.slurm_conf import ClusterLayout, render_slurm_conf
 from sia_slurm.slurm.inventory import parse_records
 
 NET_UNIX = """\

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster.render import (
+from sia_slurm.devcluster.slurm_conf import (
     ClusterLayout,
     render_slurm_conf,
     render_task_prolog,

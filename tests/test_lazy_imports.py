@@ -55,7 +55,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_the_config_loader_knows_every_registered_policy() -> None:
+    from sia_slurm.policy.parameters import POLICY_PARAMS
     from sia_slurm.policy.registry import POLICIES
-    from sia_slurm.policy.settings import POLICY_PARAMS
 
     assert {name: entry.config_type for name, entry in POLICIES.items()} == POLICY_PARAMS

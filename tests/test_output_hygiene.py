@@ -28,12 +28,12 @@ from sia_slurm.config import load_config
 from sia_slurm.protocol import JobSpec
 from sia_slurm.report import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment, render_site
 from sia_slurm.service.logs import JsonFormatter, TextFormatter, configure_text_logging, log_event
-from sia_slurm.service.metrics import Metric, render
+from sia_slurm.service.prometheus import Metric, render
 from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
 from sia_slurm.state import Store
 from sia_slurm.text import printable, printable_json
 from tests.service.fakes import FakeCluster, write_config
-from tests.service.test_metrics import parse
+from tests.service.test_prometheus import parse
 
 APP = "cifar\x1b[2J\x1b]8;;http://evil\x07click\x1b]8;;\x07\u202e"
 MESSAGE = "out of memory\r\nFAKE LOG LINE [round=9 job=x] done\x9b31m"

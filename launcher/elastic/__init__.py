@@ -14,13 +14,13 @@ separately: :class:`ElasticSampler` (resumable data order), :class:`CheckpointMa
 """
 
 from launcher.elastic.checkpoint import CheckpointError, CheckpointManager
-from launcher.elastic.data import ElasticDataLoader
+from launcher.elastic.dataloader import ElasticDataLoader
+from launcher.elastic.ddp import ElasticDataParallel
 from launcher.elastic.job import ElasticJob, ElasticJobError, current_job, init
 from launcher.elastic.lr import RULES as LR_SCALING_RULES
 from launcher.elastic.lr import LRScaling
-from launcher.elastic.metrics import MetricsReporter
+from launcher.elastic.metrics_reporter import MetricsReporter
 from launcher.elastic.noise import GradientNoise
-from launcher.elastic.parallel import ElasticDataParallel
 from launcher.elastic.sampler import ElasticSampler, SamplerError, StepPlan
 from launcher.elastic.steps import Batch
 from launcher.elastic.trainer import ElasticTrainer, Step, TrainerError

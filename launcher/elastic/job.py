@@ -2,7 +2,7 @@
 
 :func:`init` makes the :class:`ElasticJob` of the process (the process group, the job's
 environment, checkpoints, metrics, the controller's files); :class:`ElasticDataParallel`
-(launcher/elastic/parallel.py) and :class:`ElasticDataLoader` (launcher/elastic/data.py)
+(launcher/elastic/ddp.py) and :class:`ElasticDataLoader` (launcher/elastic/dataloader.py)
 attach to it, and :meth:`ElasticJob.remaining_epochs` drives the epochs. The loader calls
 :meth:`ElasticJob.end_step` after the last micro-batch of each optimizer step: there the
 ranks agree, in one small all-reduce, on the step's gradient-noise sums and on the
@@ -35,9 +35,9 @@ from launcher.elastic import devspeed
 from launcher.elastic.checkpoint import CheckpointError, CheckpointManager
 from launcher.elastic.control import ControlFiles, SignalFlags
 from launcher.elastic.distributed import init_process_group
-from launcher.elastic.metrics import MetricsReporter
+from launcher.elastic.job_profiling import JobProfiling, free_device_memory, is_out_of_memory
+from launcher.elastic.metrics_reporter import MetricsReporter
 from launcher.elastic.noise import GradientNoise
-from launcher.elastic.profiling import JobProfiling, free_device_memory, is_out_of_memory
 from launcher.elastic.rng import load_rng_state, rng_state
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.elastic.steps import Batch, MicroBatch, StepStats
@@ -318,7 +318,7 @@ class ElasticJob:
         if self.profiling.sweeping:  # one replica: every step settled above
             self._sweep_step(timing)
 
-    # ---- profiling (launcher/elastic/profiling.py) -------------------------------------------
+    # ---- profiling (launcher/elastic/job_profiling.py) ---------------------------------------
 
     def _set_batch(self, batch: Batch) -> None:
         """Train at ``batch`` from the next step on (the loaders plan with it; a report never

@@ -29,7 +29,7 @@ to the trainer, which connects Lightning's loop to the :class:`~launcher.elastic
 - **metrics**: the job reports step times and noise statistics to the controller; the
   callback also logs ``sia/batch_size`` and ``sia/grad_sqr``/``sia/grad_var`` to
   Lightning's loggers once per optimizer step;
-- **profiling** (launcher/elastic/profiling.py): a CUDA out-of-memory error in the training
+- **profiling** (launcher/elastic/job_profiling.py): a CUDA out-of-memory error in the training
   step (the forward pass) or the backward pass of a profiling step is caught here; the
   training step then gives ``None`` (Lightning skips the batch) and the job drops the step.
 
@@ -57,9 +57,9 @@ from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from launcher.elastic.data import ElasticDataLoader
+from launcher.elastic.dataloader import ElasticDataLoader
+from launcher.elastic.ddp import ElasticDataParallel
 from launcher.elastic.job import ElasticJob, ElasticJobError, current_job
-from launcher.elastic.parallel import ElasticDataParallel
 
 logger = logging.getLogger(__name__)
 

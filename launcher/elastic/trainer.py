@@ -37,10 +37,10 @@ from torch.utils.data import default_collate
 
 from launcher.elastic.checkpoint import CheckpointManager
 from launcher.elastic.control import SignalFlags
+from launcher.elastic.ddp import ElasticDataParallel
 from launcher.elastic.job import ElasticJob
-from launcher.elastic.metrics import MetricsReporter
+from launcher.elastic.metrics_reporter import MetricsReporter
 from launcher.elastic.noise import GradientNoise
-from launcher.elastic.parallel import ElasticDataParallel
 from launcher.elastic.sampler import ElasticSampler, StepPlan
 from launcher.elastic.steps import Batch, plan_micro_batches
 from launcher.jobenv import JobEnvironment
@@ -236,7 +236,8 @@ class Step:
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate ``loss`` (the mean over the current micro-batch); the model wrapper
         weighs it so that the reduced gradient is the mean over the whole global batch. A
-        profiling step that runs out of memory here is dropped (launcher/elastic/profiling.py)."""
+        profiling step that runs out of memory here is dropped
+        (launcher/elastic/job_profiling.py)."""
         job = self._trainer.job
         if job.dropping:
             return

@@ -67,7 +67,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from launcher.elastic import ElasticTrainer, JobEnvironment, Step, devspeed
-from launcher.elastic.metrics import MetricsReporter
+from launcher.elastic.metrics_reporter import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.examples.common import SampleLog, parser, setup
 from sia_slurm.model.efficiency import GradientStats
@@ -177,7 +177,7 @@ class StepTimes:
 class SyncDelay:
     """A DDP communication hook that waits ``seconds`` before the step's last all-reduce: the
     emulated all-reduce wait, inside the window the job measures as sync time (from the last
-    gradient to the end of the backward pass, launcher/elastic/parallel.py)."""
+    gradient to the end of the backward pass, launcher/elastic/ddp.py)."""
 
     def __init__(self, sleep: Callable[[float], None] = time.sleep) -> None:
         self.seconds = 0.0

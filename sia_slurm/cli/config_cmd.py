@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from sia_slurm.accounts import shares_source
 from sia_slurm.cli import CONTEXT_SETTINGS
+from sia_slurm.cli.live_check import check_live
 from sia_slurm.config import (
     CONFIG_ENV_VAR,
     ConfigError,
@@ -16,8 +16,8 @@ from sia_slurm.config import (
     resolve_config_path,
 )
 from sia_slurm.config_keys import reference_markdown
-from sia_slurm.livecheck import check_live
 from sia_slurm.policy.sia import SiaPolicyConfig
+from sia_slurm.policy.site_accounting import shares_source
 from sia_slurm.slurm.accounting import AccountingReader
 from sia_slurm.slurm.commands import SHOW_CONFIG
 from sia_slurm.slurm.inventory import read_inventory

@@ -28,10 +28,10 @@ from sia_slurm.service import (
     LockHeldError,
     ServiceError,
     ServiceOptions,
-    build_backend,
     configure_logging,
     install_stop_handlers,
     run_service,
+    service_backend,
 )
 from sia_slurm.service.logs import log_event
 from sia_slurm.state import StoreError
@@ -74,7 +74,7 @@ def backend_factory(ctx: click.Context) -> BackendFactory:
     obj: Any = ctx.find_root().obj
     if isinstance(obj, dict) and callable(obj.get("backend_factory")):
         return obj["backend_factory"]  # type: ignore[no-any-return]
-    return build_backend
+    return service_backend
 
 
 def echo_printable(text: str, *, err: bool = False) -> None:

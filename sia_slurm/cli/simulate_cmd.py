@@ -19,8 +19,8 @@ from sia_slurm.sim.inputs import (
     load_sim_workloads,
     load_workload_truths,
 )
-from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks, workload_labels
 from sia_slurm.sim.run import SimulationConfig, SimulationResult
+from sia_slurm.sim.workload_pool import WorkloadTask, pool_results, run_tasks, workload_labels
 
 DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "etc" / "clusters" / "hetero64.yaml"
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from sia_slurm.accounts import shares_source
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.controller_cmd import (
     CONFIG_OPTION,
@@ -29,6 +28,7 @@ from sia_slurm.cluster import ClusterSnapshot
 from sia_slurm.config import SiaConfig
 from sia_slurm.controller.profiling import PROFILING_NOTE
 from sia_slurm.controller.quarantine import QUARANTINED
+from sia_slurm.policy.site_accounting import shares_source
 from sia_slurm.slurm.accounting import accounted_gpu_hours
 from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner

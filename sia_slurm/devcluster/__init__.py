@@ -1,6 +1,6 @@
 """A real multi-node Slurm on one machine, with typed fake GPUs, for tests and demos.
 
-``spec`` parses the cluster shape, ``render`` writes slurm.conf and gres.conf (pure functions),
+``spec`` parses the cluster shape, ``slurm_conf`` writes slurm.conf and gres.conf (pure functions),
 ``process`` starts and stops daemons by pid, and ``cluster`` ties them together behind
 ``DevCluster.up() / down() / status()``; ``controller_config`` renders the controller's sia.yaml
 for a cluster of that shape. ``roots`` builds a Debian root holding another Slurm release
@@ -13,7 +13,7 @@ starts it again without ``-c``, from its saved state (what it had not saved, a f
 worth, is gone); ``kill_slurmd`` SIGKILLs one node's slurmd (with ``jobs``, its job processes
 too, as when the node dies) and ``start_slurmd`` starts it again; ``drain`` and ``resume``. The
 slurm.conf choices that make a dead slurmd's node go DOWN in ~26 s and come back by itself
-(SlurmdTimeout, ReturnToService) are explained in ``render``; the operations live in ``faults``.
+(SlurmdTimeout, ReturnToService) are explained in ``slurm_conf``; the operations live in ``faults``.
 """
 
 from sia_slurm.devcluster.controller_config import controller_config

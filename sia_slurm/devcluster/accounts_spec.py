@@ -1,5 +1,5 @@
 """The dev cluster's accounts spec: accounts, users, QOS and their GPU limits, as YAML, and
-the ``sacctmgr`` commands that create them (:mod:`.accounting` runs them).
+the ``sacctmgr`` commands that create them (:mod:`.slurmdbd` runs them).
 
 The spec is a small YAML file (``--accounts FILE``; without it :data:`DEFAULT_ACCOUNTS`)::
 

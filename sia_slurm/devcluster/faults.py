@@ -24,7 +24,7 @@ from sia_slurm.devcluster.process import (
     node_job_processes,
     process_parents,
 )
-from sia_slurm.devcluster.render import ClusterLayout
+from sia_slurm.devcluster.slurm_conf import ClusterLayout
 from sia_slurm.devcluster.spec import DevClusterSpec
 from sia_slurm.slurm.inventory import parse_nodes, parse_records
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner

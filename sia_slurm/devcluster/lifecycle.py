@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from sia_slurm.devcluster import accounting as acct
+from sia_slurm.devcluster import slurmdbd as acct
 from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.accounts_spec import AccountingSpecError
 from sia_slurm.devcluster.chroot import (
@@ -57,7 +57,7 @@ from sia_slurm.devcluster.process import (
     start_daemon,
     stop_daemons,
 )
-from sia_slurm.devcluster.render import (
+from sia_slurm.devcluster.slurm_conf import (
     ClusterLayout,
     PowerSavingConfig,
     render_cgroup_conf,

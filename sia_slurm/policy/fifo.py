@@ -22,7 +22,7 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import shape_for
 from sia_slurm.policy.ledger import NodeLedger
-from sia_slurm.policy.settings import FifoPolicyConfig
+from sia_slurm.policy.parameters import FifoPolicyConfig
 
 
 def batch_for(job: JobView, config: Configuration) -> JobAllocation:

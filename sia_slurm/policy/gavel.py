@@ -54,7 +54,7 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import nodes_needed
 from sia_slurm.policy.gavel_lp import solve_lp
-from sia_slurm.policy.settings import GavelPolicyConfig
+from sia_slurm.policy.parameters import GavelPolicyConfig
 from sia_slurm.policy.workers import WorkerRequest, assign_workers, even_shares
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from sia_slurm.policy.base import (
     restart_factor,
 )
 from sia_slurm.policy.configs import nodes_needed
-from sia_slurm.policy.settings import PolluxPolicyConfig
+from sia_slurm.policy.parameters import PolluxPolicyConfig
 
 FIXED_BATCH = frozenset({JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED})
 EPSILON = 1e-3  # speedup floor, so a job left out dominates (not annihilates) the power mean

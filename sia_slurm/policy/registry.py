@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from sia_slurm.policy.base import Policy
 from sia_slurm.policy.fifo import FifoPolicy
 from sia_slurm.policy.gavel import GavelPolicy
+from sia_slurm.policy.parameters import POLICY_PARAMS
 from sia_slurm.policy.pollux import PolluxPolicy
-from sia_slurm.policy.settings import POLICY_PARAMS
 from sia_slurm.policy.sia import SiaPolicy
 
 

@@ -35,7 +35,7 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
 from sia_slurm.policy.limits import GpuLimit, coupling_rows
-from sia_slurm.policy.settings import SiaPolicyConfig
+from sia_slurm.policy.parameters import SiaPolicyConfig
 from sia_slurm.policy.sia_milp import CouplingRows, Program
 from sia_slurm.policy.sia_solve import solve
 

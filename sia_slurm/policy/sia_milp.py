@@ -17,7 +17,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from sia_slurm.policy.quiet import captured_fds
+from sia_slurm.policy.fd_capture import captured_fds
 
 logger = logging.getLogger(__name__)
 

@@ -2,16 +2,17 @@
 
 :func:`run_round` is one round (reconcile, snapshot, decide, journal, apply, mark, outputs);
 :func:`run_service` takes the lock and runs one round (``--once``) or the aligned loop;
-:func:`build_backend` turns the config's ``slurm.backend`` into a backend.
+:func:`service_backend` turns the config's ``slurm.backend`` into a backend (built by
+:func:`sia_slurm.slurm.backend.build_backend`, failures as :class:`ServiceError`).
 """
 
 from sia_slurm.service.build import (
     BackendFactory,
     ServiceError,
-    build_backend,
     build_policy,
     estimator_factory,
     open_controller,
+    service_backend,
 )
 from sia_slurm.service.journaled_round import ReconcileReport, RoundReport, reconcile, run_round
 from sia_slurm.service.lock import EXIT_LOCKED, ControllerLock, LockHeldError
@@ -34,7 +35,6 @@ __all__ = [
     "RoundReport",
     "ServiceError",
     "ServiceOptions",
-    "build_backend",
     "build_policy",
     "configure_logging",
     "estimator_factory",
@@ -45,4 +45,5 @@ __all__ = [
     "run_loop",
     "run_round",
     "run_service",
+    "service_backend",
 ]

@@ -28,10 +28,11 @@ class ServiceError(RuntimeError):
     """The service cannot be built from this configuration (the message says what to fix)."""
 
 
-def build_backend(config: SiaConfig) -> ClusterBackend:
+def service_backend(config: SiaConfig) -> ClusterBackend:
     """The cluster backend the config names (``slurm.backend``: ``cli`` or ``pyslurm``), built by
-    :func:`sia_slurm.slurm.backend.build_backend`; any failure to build it (the module missing,
-    pyslurm absent or built for another Slurm) becomes a :class:`ServiceError` naming the key."""
+    :func:`sia_slurm.slurm.backend.build_backend` (the one place that builds it); any failure to
+    build it (the module missing, pyslurm absent or built for another Slurm) becomes a
+    :class:`ServiceError` naming the key. The service's default :data:`BackendFactory`."""
     where = f"{config.path}: slurm.backend" if config.path else "slurm.backend"
     try:
         from sia_slurm.slurm import backend as slurm_backend

@@ -33,7 +33,7 @@ from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
 from sia_slurm.protocol import MetricsReport
 from sia_slurm.service.logs import log_action, log_decision, log_event
-from sia_slurm.service.metrics import RoundMetrics, metrics_of, write_textfile
+from sia_slurm.service.prometheus import RoundMetrics, metrics_of, write_textfile
 from sia_slurm.state import PENDING, SKIPPED, Journal, Store, action_kind, save_memory
 from sia_slurm.state.store import gpus_by_type, jobs_by_phase
 

@@ -25,7 +25,7 @@ from types import FrameType
 
 from sia_slurm.clock import WALL_CLOCK, Clock
 from sia_slurm.config import SiaConfig
-from sia_slurm.service.build import BackendFactory, ServiceError, build_backend, open_controller
+from sia_slurm.service.build import BackendFactory, ServiceError, open_controller, service_backend
 from sia_slurm.service.journaled_round import RoundReport, run_round
 from sia_slurm.service.lock import ControllerLock
 from sia_slurm.state import Store
@@ -40,7 +40,7 @@ class ServiceOptions:
 
     once: bool = False
     dry_run: bool = False
-    backend_factory: BackendFactory = build_backend
+    backend_factory: BackendFactory = service_backend
     profiles_dir: Path | None = None
     max_rounds: int | None = None  # the loop stops after this many rounds (tests, benchmarks)
 

@@ -14,8 +14,9 @@ The simulation (docs/simulator.md):
 * :mod:`.progress` — true statistical efficiency integrated over time, for all jobs at once;
 * :mod:`.cluster` — :class:`SimulatedCluster`, the simulated ``ClusterBackend``;
 * :mod:`.run` — the driver (:func:`simulate`): snapshot -> controller round -> apply -> advance;
-* :mod:`.metrics` — JCT, makespan, GPU-hours, restarts, contention, as the artifact computes them;
-* :mod:`.parallel` — many workloads in worker processes; :mod:`.plots` — figures (matplotlib).
+* :mod:`.artifact_metrics` — JCT, makespan, GPU-hours, restarts, contention, as the artifact
+  computes them;
+* :mod:`.workload_pool` — many workloads in worker processes; :mod:`.plots` — figures (matplotlib).
 
 The re-exported names below are imported on first use (:mod:`sia_slurm.lazy`): the emulated
 trainer reads the traces on every start and must not import the whole simulator to do so.
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
         default_workloads_dir,
     )
     from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
+    from sia_slurm.sim.artifact_metrics import (
+        JobOutcome,
+        PooledMetrics,
+        WorkloadMetrics,
+        pooled_metrics,
+        workload_metrics,
+    )
     from sia_slurm.sim.clusterfile import (
         ClusterError,
         ClusterGpuType,
@@ -44,14 +52,6 @@ if TYPE_CHECKING:
     from sia_slurm.sim.gradstats import MAX_EPOCHS, AppGradStats, GradStatsError
     from sia_slurm.sim.groundtruth import GroundTruth, GroundTruthError, default_calibration
     from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_inputs, load_sim_workloads
-    from sia_slurm.sim.metrics import (
-        JobOutcome,
-        PooledMetrics,
-        WorkloadMetrics,
-        pooled_metrics,
-        workload_metrics,
-    )
-    from sia_slurm.sim.parallel import WorkloadTask, pool_results, run_tasks
     from sia_slurm.sim.restart import RestartDelay, restart_delay
     from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
     from sia_slurm.sim.simulated_cluster import SimJobSpec, SimulatedCluster
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         load_workload,
         load_workloads,
     )
+    from sia_slurm.sim.workload_pool import WorkloadTask, pool_results, run_tasks
 
 _MODULE_OF = {
     "APPS": "apps",
@@ -89,14 +90,14 @@ _MODULE_OF = {
     "job_specs": "inputs",
     "load_inputs": "inputs",
     "load_sim_workloads": "inputs",
-    "JobOutcome": "metrics",
-    "PooledMetrics": "metrics",
-    "WorkloadMetrics": "metrics",
-    "pooled_metrics": "metrics",
-    "workload_metrics": "metrics",
-    "WorkloadTask": "parallel",
-    "pool_results": "parallel",
-    "run_tasks": "parallel",
+    "JobOutcome": "artifact_metrics",
+    "PooledMetrics": "artifact_metrics",
+    "WorkloadMetrics": "artifact_metrics",
+    "pooled_metrics": "artifact_metrics",
+    "workload_metrics": "artifact_metrics",
+    "WorkloadTask": "workload_pool",
+    "pool_results": "workload_pool",
+    "run_tasks": "workload_pool",
     "RestartDelay": "restart",
     "restart_delay": "restart",
     "SimulationConfig": "run",

@@ -34,8 +34,8 @@ from sia_slurm.controller.profiling import MemoryProfileBook, Profiler
 from sia_slurm.policy.registry import config_type, make_policy
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.sim.apptruth import AppTruth
+from sia_slurm.sim.artifact_metrics import JobOutcome, WorkloadMetrics, workload_metrics
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
-from sia_slurm.sim.metrics import JobOutcome, WorkloadMetrics, workload_metrics
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
 from sia_slurm.sim.simulated_cluster import SimulatedCluster
 from sia_slurm.sim.sweep import DEFAULT_NOISE
@@ -64,7 +64,7 @@ class SimulationConfig:
     max_substep: float = DEFAULT_MAX_SUBSTEP
     shares: SharesConfig = EQUAL_USERS  # the site's shares between the workload's owners
     # Arriving jobs report a measured step at their requested size on every GPU type
-    # (sia_slurm/sim/profiling.py); None: on for the policies that run jobs at that size and
+    # (sia_slurm/sim/requested_shape.py); None: on for the policies that run jobs at that size and
     # assume its throughput is known (Gavel, as the Sia artifact gives it), off for the others.
     profile_requested: bool | None = None
     # Sia's profiling of new models (docs/profiling.md; docs/simulator.md, "Profiling"):

@@ -61,10 +61,10 @@ from sia_slurm.cluster import (
 from sia_slurm.core import Configuration, NodeShare, NodeView
 from sia_slurm.protocol import JobSpec, MetricsReport
 from sia_slurm.sim.apptruth import AppTruth
+from sia_slurm.sim.artifact_metrics import JobOutcome
 from sia_slurm.sim.clusterfile import ClusterSpec
-from sia_slurm.sim.metrics import JobOutcome
-from sia_slurm.sim.profiling import requested_shape_reports
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP, StatsTable, Stepped, integrate
+from sia_slurm.sim.requested_shape import requested_shape_reports
 from sia_slurm.sim.sweep import DEFAULT_NOISE, ProfiledTypes, SweepPlan, noise_key, plan_sweep
 
 
@@ -147,7 +147,7 @@ class SimulatedCluster:
         self.time = float(start_time)
         self.max_substep = max_substep
         # Each arriving job also reports a measured step at its requested size on every type
-        # (sia_slurm/sim/profiling.py: what Gavel assumes is profiled).
+        # (sia_slurm/sim/requested_shape.py: what Gavel assumes is profiled).
         self.profile_requested = profile_requested
         self._profiles: list[MetricsReport] = []
         # A profiling run's reported step times carry this much lognormal noise, seeded.

@@ -7,9 +7,9 @@ carry each account's and user's fair share (``Share``) and GPU limits (``GrpTRES
 release: ``sacctmgr`` has no ``--json`` on 22.05) every few minutes; the parsers are pure and
 tested against captured output (``tests/fixtures/slurm-22.05/sacctmgr-*.txt``).
 
-:class:`~sia_slurm.accounts.SiteAccounting` turns that into the policy's terms: shares (the
-association shares replace the config's ``shares:``) and, for this round's live jobs, GPU
-limits. Without accounting the reader returns ``None`` and everything works as
+:class:`~sia_slurm.policy.site_accounting.SiteAccounting` turns that into the policy's terms:
+shares (the association shares replace the config's ``shares:``) and, for this round's live
+jobs, GPU limits. Without accounting the reader returns ``None`` and everything works as
 without Slurm limits, with the config's shares (equal shares per user by default).
 
 Limits are read for ``gres/gpu`` as a whole and per GPU type (``gres/gpu:a100=2``, as
@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sia_slurm.accounts import Association, QosLimits, SiteAccounting
+from sia_slurm.policy.site_accounting import Association, QosLimits, SiteAccounting
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 
 logger = logging.getLogger(__name__)

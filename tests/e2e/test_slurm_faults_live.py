@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:
 
 from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
-from sia_slurm.devcluster.render import PREEMPTING_PARTITION  # noqa: E402
+from sia_slurm.devcluster.slurm_conf import PREEMPTING_PARTITION  # noqa: E402
 from sia_slurm.protocol import JobSpec, StatePaths, exit_name, write_document  # noqa: E402
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.inventory import parse_records  # noqa: E402

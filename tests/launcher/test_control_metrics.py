@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launcher.elastic.control import ControlFiles, SignalFlags
-from launcher.elastic.metrics import MetricsReporter
+from launcher.elastic.metrics_reporter import MetricsReporter
 from launcher.elastic.noise import GradientNoise
 from launcher.jobenv import JobEnvironment, JobEnvironmentError
 from sia_slurm.protocol import (

@@ -14,7 +14,7 @@ from sia_slurm.policy.placement import place
 from sia_slurm.policy.pollux import PolluxPolicy, PolluxPolicyConfig, build_problem, warm_start
 from sia_slurm.policy.registry import POLICIES, make_policy
 from sia_slurm.policy.sia import SiaPolicyConfig
-from sia_slurm.policy.testing import SyntheticEstimator, make_cluster
+from tests.estimators import SyntheticEstimator, make_cluster
 
 
 def rigid(job_id: str, gpus: int, speed: dict[str, float], **kwargs) -> JobView:

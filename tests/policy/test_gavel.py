@@ -21,13 +21,13 @@ from sia_slurm.policy.gavel import (
 )
 from sia_slurm.policy.placement import place
 from sia_slurm.policy.shares import JobOwner, SharesConfig, job_weights
-from sia_slurm.policy.testing import SyntheticEstimator, TableEstimator, make_cluster
 from sia_slurm.policy.workers import (
     WorkerAssignmentError,
     WorkerRequest,
     assign_workers,
     even_shares,
 )
+from tests.estimators import SyntheticEstimator, TableEstimator, make_cluster
 
 ANY = GavelPolicy(GavelPolicyConfig(workers="any"))  # the artifact's rule, the simulator's
 

@@ -13,7 +13,7 @@ from scipy.optimize import linprog
 
 from sia_slurm.policy.gavel_fill import passed_down, water_fill
 from sia_slurm.policy.gavel_lp import fill_program, normalised, shared_rows, solve_lp
-from sia_slurm.policy.testing import gavel_instance
+from tests.estimators import gavel_instance
 
 
 def levels(throughput, gpus, capacity, x):

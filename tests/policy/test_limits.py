@@ -19,7 +19,7 @@ from sia_slurm.policy.sia import (
     limit_rows,
     release_forced,
 )
-from sia_slurm.policy.testing import SyntheticEstimator, make_cluster
+from tests.estimators import SyntheticEstimator, make_cluster
 
 
 def job(name: str, seen: int = 8, **kwargs: object) -> JobView:

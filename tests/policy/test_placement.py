@@ -16,7 +16,7 @@ from sia_slurm.policy.base import (
 )
 from sia_slurm.policy.configs import configuration_set, shape_for, type_configurations
 from sia_slurm.policy.placement import Placement, place
-from sia_slurm.policy.testing import TableEstimator, make_cluster
+from tests.estimators import TableEstimator, make_cluster
 
 ESTIMATOR = TableEstimator()
 

@@ -21,7 +21,7 @@ from sia_slurm.policy.shares import (
     job_weights,
 )
 from sia_slurm.policy.sia import SiaPolicy
-from sia_slurm.policy.testing import SyntheticEstimator
+from tests.estimators import SyntheticEstimator
 
 CONFIG = """\
 state_dir: /var/lib/sia

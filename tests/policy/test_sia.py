@@ -15,7 +15,7 @@ from sia_slurm.policy.base import JobView, PolicyInput
 from sia_slurm.policy.configs import configuration_set
 from sia_slurm.policy.sia import SiaPolicy, SiaPolicyConfig
 from sia_slurm.policy.sia_milp import CouplingRows, ProgramResult
-from sia_slurm.policy.testing import SyntheticEstimator, TableEstimator, make_cluster
+from tests.estimators import SyntheticEstimator, TableEstimator, make_cluster
 
 NO_CAP = SiaPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
 

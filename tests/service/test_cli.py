@@ -14,7 +14,7 @@ from sia_slurm.cli.main import cli
 from sia_slurm.cluster import JobPhase
 from sia_slurm.config import load_config
 from sia_slurm.protocol import JobSpec
-from sia_slurm.service import ServiceError, build_backend
+from sia_slurm.service import ServiceError, service_backend
 from sia_slurm.state import Journal, Store
 from tests.service.fakes import FakeCluster, write_config
 
@@ -171,11 +171,11 @@ def test_backend_comes_from_the_config(tmp_path: Path) -> None:
     from sia_slurm.slurm.backend import SlurmBackend
 
     path = write_config(tmp_path)
-    assert isinstance(build_backend(load_config(path)), SlurmBackend)
+    assert isinstance(service_backend(load_config(path)), SlurmBackend)
     # pyslurm cannot be used here (no binding, no Slurm configured): a clear error, exit 1.
     path.write_text(path.read_text() + "slurm: {backend: pyslurm, bin_dir: /nonexistent}\n")
     with pytest.raises(ServiceError, match=r"sia.yaml: slurm.backend: pyslurm: "):
-        build_backend(load_config(path))
+        service_backend(load_config(path))
     result = invoke(None, "controller", "run", "--once", "--config", str(path))
     assert result.exit_code == 1 and "slurm.backend: pyslurm: " in result.output
 

@@ -7,7 +7,12 @@ import statistics
 
 import pytest
 
-from sia_slurm.sim.metrics import JobOutcome, percentile_index, pooled_metrics, workload_metrics
+from sia_slurm.sim.artifact_metrics import (
+    JobOutcome,
+    percentile_index,
+    pooled_metrics,
+    workload_metrics,
+)
 
 H = 3600.0
 

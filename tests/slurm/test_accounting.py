@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.accounts import SiteAccounting
 from sia_slurm.policy.shares import JobOwner
+from sia_slurm.policy.site_accounting import SiteAccounting
 from sia_slurm.slurm.accounting import (
     AccountingParseError,
     AccountingReader,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sia_slurm.cli.live_check import check_live
 from sia_slurm.config import parse_config
-from sia_slurm.livecheck import check_live
 from sia_slurm.slurm.inventory import SlurmInventory, parse_nodes, parse_partitions
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"

@@ -20,8 +20,8 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from launcher.elastic import ElasticDataLoader, ElasticDataParallel, ElasticJob, ElasticTrainer
+from launcher.elastic.job_profiling import TRYING_FILE, fit_batch
 from launcher.elastic.lightning import ElasticStrategy
-from launcher.elastic.profiling import TRYING_FILE, fit_batch
 from launcher.elastic.steps import Batch
 from launcher.jobenv import JobEnvironment, JobEnvironmentError
 from sia_slurm.model.profile import AppProfile

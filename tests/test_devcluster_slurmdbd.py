@@ -7,13 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster.accounting import (
-    AccountingLayout,
-    find_accounting_programs,
-    find_client_library,
-    render_slurmdbd_conf,
-    slurm_conf_lines,
-)
 from sia_slurm.devcluster.accounts_spec import (
     DEFAULT_ACCOUNTS,
     AccountingSpec,
@@ -21,6 +14,13 @@ from sia_slurm.devcluster.accounts_spec import (
     sacctmgr_commands,
 )
 from sia_slurm.devcluster.chroot import RootPrograms
+from sia_slurm.devcluster.slurmdbd import (
+    AccountingLayout,
+    find_accounting_programs,
+    find_client_library,
+    render_slurmdbd_conf,
+    slurm_conf_lines,
+)
 
 SPEC = """\
 accounts:

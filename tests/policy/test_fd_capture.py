@@ -8,7 +8,7 @@ import logging
 import os
 
 from sia_slurm.policy import sia_milp
-from sia_slurm.policy.quiet import captured_fds
+from sia_slurm.policy.fd_capture import captured_fds
 
 from .test_sia_milp import random_program
 

@@ -14,7 +14,7 @@ from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_confi
 from sia_slurm.devcluster.access import Account, untraversable
 from sia_slurm.devcluster.chroot import ChrootError, HostPrograms
 from sia_slurm.devcluster.lifecycle import DevCluster, DevClusterError
-from sia_slurm.devcluster.render import (
+from sia_slurm.devcluster.slurm_conf import (
     ClusterLayout,
     PowerSavingConfig,
     render_gres_conf,

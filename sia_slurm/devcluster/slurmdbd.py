@@ -30,7 +30,7 @@ from sia_slurm.devcluster.accounts_spec import AccountingSpec, sacctmgr_commands
 from sia_slurm.devcluster.chroot import SYSTEM, SlurmPrograms
 from sia_slurm.devcluster.faults import DevClusterError
 from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon
-from sia_slurm.devcluster.render import ClusterLayout
+from sia_slurm.devcluster.slurm_conf import ClusterLayout
 from sia_slurm.devcluster.spec import DevClusterSpec
 from sia_slurm.safefiles import chown_path
 

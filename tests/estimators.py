@@ -1,4 +1,5 @@
-"""Goodput estimators for tests, benchmarks and simulator smoke runs.
+"""Goodput estimators for tests and benchmarks (``benchmarks/bench_policy.py``,
+``benchmarks/bench_gavel_fill.py``); nothing in the package uses them.
 
 They implement :class:`sia_slurm.core.GoodputEstimator` without the real model
 (:mod:`sia_slurm.model`), so policies can be checked in isolation:
@@ -6,7 +7,8 @@ They implement :class:`sia_slurm.core.GoodputEstimator` without the real model
 - :class:`TableEstimator`: goodput read from a table, for hand-built instances and brute force;
 - :class:`SyntheticEstimator`: a throughput-like shape, concave in the GPU count, slower across
   nodes, with a per-type speed, for benchmarks at scale;
-- :func:`gavel_instance`: a random throughput matrix for Gavel's programs (:mod:`.gavel_lp`).
+- :func:`gavel_instance`: a random throughput matrix for Gavel's programs
+  (:mod:`sia_slurm.policy.gavel_lp`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from sia_slurm.sim.artifact_metrics import PooledMetrics, pooled_metrics
 from sia_slurm.sim.inputs import load_inputs
-from sia_slurm.sim.metrics import PooledMetrics, pooled_metrics
 from sia_slurm.sim.run import SimulationConfig, SimulationResult, simulate
 from sia_slurm.sim.workload import Workload
 

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sia_slurm.report.data import ReportData
+from sia_slurm.report.report_data import ReportData
 from sia_slurm.safefiles import write_json_atomic
 from sia_slurm.text import printable_json
 

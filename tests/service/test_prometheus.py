@@ -8,7 +8,7 @@ from pathlib import Path
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import JobSpec
 from sia_slurm.service import open_controller, run_round
-from sia_slurm.service.metrics import Metric, render, write_textfile
+from sia_slurm.service.prometheus import Metric, render, write_textfile
 from sia_slurm.state import Store
 from tests.service.fakes import FakeCluster
 

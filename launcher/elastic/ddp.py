@@ -32,7 +32,7 @@ of the gradients:
 - **checkpointed state**: the module, optimizer, scheduler and GradScaler state are restored
   from the job's newest checkpoint when the wrapper is made (before DDP broadcasts rank 0's
   parameters) and saved with it;
-- **a profiling step that ran out of memory** (launcher/elastic/profiling.py) is dropped:
+- **a profiling step that ran out of memory** (launcher/elastic/job_profiling.py) is dropped:
   :meth:`recover_from_out_of_memory` frees its gradients and resets DDP's reducer, and the
   optimizer step and the scaler skip it.
 """
