@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from sia_slurm.service.metrics import RoundMetrics, metrics_of
+from sia_slurm.service.prometheus import RoundMetrics, metrics_of
 from sia_slurm.state.journal import FAILED
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "etc" / "grafana" / "sia-slurm.json"
