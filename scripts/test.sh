@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Install everything, then run the linters and the whole test suite, Slurm integration included,
-# on every Slurm release sia-slurm supports:
-#   - the whole suite on the host's Slurm (Debian 12: 22.05), output here as it runs;
+# Install everything, then run the linters, the documentation build and the whole test suite,
+# Slurm integration included, on every Slurm release sia-slurm supports. Four pytest sessions
+# run side by side (docs/testing.md):
+#   - the tests that start no daemon (`-m "not slurm"`), output here as it runs;
 #   - the real-Slurm tests (marked `slurm`: every test that starts daemons, tests/conftest.py)
-#     on Slurm 24.11 and 26.05, each from its Debian root (built once by debootstrap, ~1 min
-#     each, cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS;
-#     sia_slurm/devcluster/chroot.py). The other tests run no Slurm command, so they run once:
-#     running tests/launcher's torch runs three times on two cores cost CI ~10 minutes.
-# The three pytest sessions run side by side, each with its own dev cluster on its own ports
-# (SIA_TEST_SLURM, SIA_TEST_PORT_BASE; tests/release.py): most of their time is spent waiting
-# on Slurm (requeue delays, node timeouts), not on the CPU, so together they take about as long
-# as the longest one. The output of the 24.11 and 26.05 sessions is printed when they end.
+#     on the host's Slurm (Debian 12: 22.05);
+#   - the same but those marked one_release, on Slurm 24.11 and 26.05, each from its Debian
+#     root (built once by debootstrap, ~1 min each, cached under /var/cache/sia-slurm/roots or
+#     $SIA_SLURM_ROOTS; sia_slurm/devcluster/chroot.py).
+# Each Slurm session has its own dev cluster on its own ports (SIA_TEST_SLURM,
+# SIA_TEST_PORT_BASE; tests/release.py). The Slurm sessions spend most of their time waiting on
+# Slurm (requeue delays, node timeouts), the first on the CPU, so together they take about as
+# long as the longest one. The Slurm sessions' output is printed when they end.
 # Arguments go to every session (e.g. `bash scripts/test.sh tests/slurm -x`); SIA_TEST_RELEASES
 # chooses the other releases ("" runs the host's alone); SIA_TEST_PORT_BASE (17817) moves all
-# three port ranges (the others start 3000 and 6000 above it).
+# port ranges (24.11's and 26.05's start 3000 and 6000 above it).
 # The Slurm tests start their own dev clusters (real munged, slurmctld and slurmd); if Slurm
 # cannot start they fail, they are never skipped.
 set -euo pipefail
@@ -69,6 +70,13 @@ wait_for() {
 }
 logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
 declare -A session=()
+# The host's Slurm tests in a session of their own beside the others: they spend their time
+# waiting on Slurm, the tests that start no daemon spend theirs on the CPU, and one after the
+# other they made the host's session the longest by the second's 5-10 minutes.
+SIA_TEST_SLURM=system SIA_TEST_PORT_BASE=$base \
+    python3 -m pytest -q -p no:cacheprovider -m slurm "${targets[@]}" >"$logs/system.log" 2>&1 &
+session[system]=$!
+pytest_pids+=("$!")
 for release in "${releases[@]}"; do
     SIA_TEST_SLURM=$release SIA_TEST_PORT_BASE=${port_base[$release]} \
         python3 -m pytest -q -p no:cacheprovider -m "slurm and not one_release" "${targets[@]}" \
@@ -77,17 +85,20 @@ for release in "${releases[@]}"; do
     pytest_pids+=("$!")
 done
 status=0
-# The host's session in the background too (its output still comes here as it runs), so that
-# the trap runs at once: bash runs no trap while it waits for a foreground command.
-python3 -m pytest -q "$@" &
+# The tests that start no daemon (the inner loop), on ports of their own (tests/release.py's
+# quiet ports follow the base), in the background too (its output still comes here as it runs),
+# so that the trap runs at once: bash runs no trap while it waits for a foreground command.
+SIA_TEST_PORT_BASE=$((base + 9000)) python3 -m pytest -q -m "not slurm" "${targets[@]}" &
 host=$!
 pytest_pids+=("$host")
 wait_for "$host" || status=$?
-for release in "${releases[@]}"; do
+for release in system "${releases[@]}"; do
     code=0
     wait_for "${session[$release]}" || code=$?
+    selection="slurm and not one_release"
+    [ "$release" = system ] && selection=slurm
     echo
-    echo "==================== Slurm $release: -m 'slurm and not one_release' ${targets[*]} ===================="
+    echo "==================== Slurm $release: -m '$selection' ${targets[*]} ===================="
     cat "$logs/$release.log"
     [ "$code" = 0 ] || status=$code
 done
