@@ -62,7 +62,7 @@ from sia_slurm.protocol import (
 )
 from sia_slurm.safefiles import MAX_FILE_BYTES
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.jobfiles import SlurmRecord
+from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.slurm.runner import CommandResult
 from sia_slurm.state.tree import set_up
 

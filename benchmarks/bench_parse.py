@@ -29,9 +29,9 @@ from typing import Any
 from blas import single_threaded
 
 from sia_slurm.slurm.backend import gpus_held
-from sia_slurm.slurm.hostlist import expand_hostlist
-from sia_slurm.slurm.inventory import parse_nodes
-from sia_slurm.slurm.jsonparse import parse_squeue_json
+from sia_slurm.slurm.observe.hostlist import expand_hostlist
+from sia_slurm.slurm.observe.inventory import parse_nodes
+from sia_slurm.slurm.observe.jsonparse import parse_squeue_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 RELEASES = ("22.05", "24.11", "26.05")

@@ -33,7 +33,7 @@ from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, contr
 from sia_slurm.devcluster.access import Account
 from sia_slurm.devcluster.supervisor import Supervisor
 from sia_slurm.protocol import StatePaths
-from sia_slurm.slurm.jsonparse import parse_squeue_json
+from sia_slurm.slurm.observe.jsonparse import parse_squeue_json
 from sia_slurm.state.tree import set_up
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,7 +31,7 @@ from sia_slurm.devcluster.slurm_conf import (  # noqa: E402
     render_slurm_conf,
 )
 from sia_slurm.devcluster.spec import DevClusterSpec  # noqa: E402
-from sia_slurm.slurm.inventory import parse_records  # noqa: E402
+from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
 
 SPEC = DevClusterSpec.parse("a100:2x4,rtx:2x4,t4:2x4")
 IN_ROOT_DIR = Path("/srv/sia-capture")

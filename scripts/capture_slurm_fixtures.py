@@ -43,7 +43,7 @@ from sia_slurm.devcluster.roots import (  # noqa: E402
     RELEASE_SUITES,
     ensure_root,
 )
-from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
 
 JOB_FIELDS = (
     "JobState",

@@ -35,7 +35,7 @@ from sia_slurm.devcluster.process import (
     sockets_under,
 )
 from sia_slurm.devcluster.slurm_conf import ClusterLayout, render_slurm_conf
-from sia_slurm.slurm.inventory import parse_records
+from sia_slurm.slurm.observe.inventory import parse_records
 
 NET_UNIX = """\
 Num       RefCount Protocol Flags    Type St Inode Path

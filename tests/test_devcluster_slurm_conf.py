@@ -20,7 +20,7 @@ from sia_slurm.devcluster.slurm_conf import (
     render_gres_conf,
     render_slurm_conf,
 )
-from sia_slurm.slurm.inventory import parse_records
+from sia_slurm.slurm.observe.inventory import parse_records
 
 LAYOUT = ClusterLayout(root=Path("/srv/dev"), hostname="box", user="root", port_base=7000)
 SPEC = DevClusterSpec.parse("a100:1x2")

@@ -29,7 +29,7 @@ from sia_slurm.protocol import JobSpec
 from sia_slurm.report import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment, render_site
 from sia_slurm.service.logs import JsonFormatter, TextFormatter, configure_text_logging, log_event
 from sia_slurm.service.prometheus import Metric, render
-from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
+from sia_slurm.slurm.observe.jobfiles import LOST_SUBMISSION
 from sia_slurm.state import Store
 from sia_slurm.text import printable, printable_json
 from tests.service.fakes import FakeCluster, write_config

@@ -18,11 +18,11 @@ from sia_slurm.config import (
 from sia_slurm.config_keys import reference_markdown
 from sia_slurm.policy.sia import SiaPolicyConfig
 from sia_slurm.policy.site_accounting import shares_source
-from sia_slurm.slurm.accounting import AccountingReader
 from sia_slurm.slurm.commands import SHOW_CONFIG
-from sia_slurm.slurm.inventory import read_inventory
+from sia_slurm.slurm.observe.inventory import read_inventory
+from sia_slurm.slurm.observe.sacct import AccountingReader
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
-from sia_slurm.slurm.settings import parse_settings
+from sia_slurm.slurm.slurm_conf import parse_settings
 
 
 @click.group(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sia_slurm.config import SiaConfig
-from sia_slurm.slurm.inventory import SlurmInventory
+from sia_slurm.slurm.observe.inventory import SlurmInventory
 
 
 @dataclass(frozen=True)

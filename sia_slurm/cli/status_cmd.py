@@ -29,8 +29,8 @@ from sia_slurm.config import SiaConfig
 from sia_slurm.controller.profiling import PROFILING_NOTE
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.policy.site_accounting import shares_source
-from sia_slurm.slurm.accounting import accounted_gpu_hours
-from sia_slurm.slurm.jobfiles import LOST_SUBMISSION
+from sia_slurm.slurm.observe.jobfiles import LOST_SUBMISSION
+from sia_slurm.slurm.observe.sacct import accounted_gpu_hours
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 from sia_slurm.state import Journal, Store, StoreError
 from sia_slurm.text import printable

@@ -26,7 +26,7 @@ from sia_slurm.devcluster.process import (
 )
 from sia_slurm.devcluster.slurm_conf import ClusterLayout
 from sia_slurm.devcluster.spec import DevClusterSpec
-from sia_slurm.slurm.inventory import parse_nodes, parse_records
+from sia_slurm.slurm.observe.inventory import parse_nodes, parse_records
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
 

@@ -71,7 +71,7 @@ from sia_slurm.devcluster.spec import DevClusterSpec
 from sia_slurm.devcluster.speed import spec_variables
 from sia_slurm.model.profile import ProfileError
 from sia_slurm.safefiles import chmod_dir, chmod_path, chown_path
-from sia_slurm.slurm.inventory import parse_nodes
+from sia_slurm.slurm.observe.inventory import parse_nodes
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 
 DEFAULT_DIR = Path("/tmp/sia-slurm-dev")

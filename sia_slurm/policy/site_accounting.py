@@ -1,6 +1,6 @@
 """The site's associations and QOS as Slurm accounting has them, in the policy's terms.
 
-Pure data and rules (no Slurm commands: :mod:`sia_slurm.slurm.accounting` reads them), so the
+Pure data and rules (no Slurm commands: :mod:`sia_slurm.slurm.observe.sacct` reads them), so the
 cluster interface can carry them and the controller's round can use them: association shares
 become a :class:`SharesConfig`, association and QOS GPU limits :class:`GpuLimit` s over this
 round's live jobs (issue 20).

@@ -53,7 +53,7 @@ from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.protocol import METRICS_FILE, MetricsReport, ProtocolError, StatePaths, from_json
 from sia_slurm.report.report_data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
-from sia_slurm.slurm.jobfiles import SlurmRecord
+from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.state import RoundRow, Store, StoreError
 from sia_slurm.state.store import GONE, round_row
 from sia_slurm.state.store import JobRow as StoredJob

@@ -5,7 +5,7 @@
 ``state_dir`` (the users' through :mod:`sia_slurm.userfiles` only); ``apply(actions)`` first
 enforces the controller's grants (:class:`Enforcement`: a managed job runs only as assigned,
 waits only under the controller's hold), then carries out the controller's actions with
-``scontrol``, ``scancel`` and ``sbatch`` (:mod:`sia_slurm.slurm.actuate`). Everything
+``scontrol``, ``scancel`` and ``sbatch`` (:mod:`sia_slurm.slurm.actuate.actuator`). Everything
 Slurm-specific that was verified on the real daemons is in ``docs/slurm-actuation.md``; the
 threat model in ``docs/security.md``.
 
@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,31 +50,28 @@ from sia_slurm.protocol import (
     refusal_name,
 )
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.accounting import AccountingReader, user_name
-from sia_slurm.slurm.actuate import Actuator
-from sia_slurm.slurm.enforce import Enforcement, enforce
-from sia_slurm.slurm.inventory import NodeInfo, parse_nodes
-from sia_slurm.slurm.jobfiles import (
+from sia_slurm.slurm.actuate.actuator import Actuator
+from sia_slurm.slurm.actuate.enforce import Enforcement, enforce
+from sia_slurm.slurm.observe.inventory import NodeInfo, parse_nodes
+from sia_slurm.slurm.observe.jobfiles import (
     DocumentCache,
     LostSubmissions,
     MetricsInbox,
     RecordBook,
 )
-from sia_slurm.slurm.jsonparse import SlurmJob, parse_reservations, parse_squeue_json
-from sia_slurm.slurm.managed import (
+from sia_slurm.slurm.observe.jobs_view import JobsView, build_view
+from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_reservations, parse_squeue_json
+from sia_slurm.slurm.observe.managed import (
     FailedRun,
     ManagedJob,
     allocation_of,
     failed_run,
-    first_record,
-    foreign_jobs,
-    group_managed,
     job_phase,
     refused,
-    resolve,
     unauthorized,
     under_controller_hold,
 )
+from sia_slurm.slurm.observe.sacct import AccountingReader, user_name
 from sia_slurm.slurm.runner import CommandRunner, SubprocessRunner
 from sia_slurm.userfiles import JobDirectory
 
@@ -84,22 +80,6 @@ logger = logging.getLogger(__name__)
 
 # A released job Slurm has not started after this many rounds is pending again.
 RELEASE_GRACE_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class JobsView:
-    """All Slurm jobs of one ``squeue``, split into managed (by sia id) and the rest."""
-
-    jobs: tuple[SlurmJob, ...]
-    managed: Mapping[str, ManagedJob]
-    problems: tuple[str, ...] = ()
-    identity: tuple[str, ...] = ()  # jobs refused as managed, and why
-    # sia ids some Slurm job carries or the controller has a record of (managed or not)
-    known_ids: frozenset[str] = frozenset()
-
-    @property
-    def strays(self) -> list[SlurmJob]:
-        return [stray for job in self.managed.values() for stray in job.strays]
 
 
 class SlurmBackend:
@@ -141,7 +121,7 @@ class SlurmBackend:
 
     def describe(self) -> list[str]:
         """What the controller says about this Slurm when its loop starts: the release, then
-        any warning about its settings (:mod:`sia_slurm.slurm.settings`)."""
+        any warning about its settings (:mod:`sia_slurm.slurm.slurm_conf`)."""
         settings = self.actuator.calls.settings()
         return [
             f"Slurm {settings.version or '(version not shown)'}",
@@ -513,7 +493,7 @@ class SlurmBackend:
 
     def apply(self, actions: Sequence[Action]) -> list[ActionResult]:
         """Enforce the grants the last snapshot found broken, then carry out ``actions``
-        (each idempotent; see :mod:`sia_slurm.slurm.actuate`). Called every round, with no
+        (each idempotent; see :mod:`sia_slurm.slurm.actuate.actuator`). Called every round, with no
         actions too, so enforcement never waits for a decision."""
         enforcement, self.enforcement = self.enforcement, Enforcement()
         self._persist_records(enforcement)
@@ -547,49 +527,6 @@ class SlurmBackend:
                 managed.record.slurm_job_id,
                 managed.user_id,
             )
-
-
-def build_view(backend: SlurmBackend, jobs: tuple[SlurmJob, ...], problems: list[str]) -> JobsView:
-    """Split ``jobs`` into managed (resolved per sia id, see :mod:`managed`) and the rest."""
-    for problem in problems:
-        logger.warning("%s", problem)
-    identity: list[str] = []
-    records = backend.records.load(identity)
-    known = {record.slurm_job_id: sia_id for sia_id, record in records.items()}
-    managed = {}
-    groups = group_managed(jobs, backend.config.managed_marker, known)
-    for sia_id, group in groups.items():
-        record = records.get(sia_id)
-        first_sight = record is None
-        if record is None:
-            record = first_record(group, _directory_owner(backend.paths, sia_id))
-            if record is None:
-                live = [j.job_id for j in group if not j.finished]
-                if live:
-                    identity.append(
-                        f"job {sia_id}: not scheduled: Slurm job(s) {', '.join(live)} carry it, "
-                        f"but {backend.paths.jobs_dir / sia_id} is not a directory of their user"
-                    )
-                continue
-        for job in foreign_jobs(group, record):
-            identity.append(
-                f"job {sia_id}: Slurm job {job.job_id} of uid {job.user_id} carries the sia id "
-                f"of uid {record.user_id}'s job: not managed, its GPUs count as taken"
-            )
-        job = resolve(sia_id, group, record)
-        if job is not None:
-            managed[sia_id] = replace(job, first_sight=first_sight)
-    known_ids = frozenset(groups) | frozenset(records)
-    return JobsView(jobs, managed, tuple(problems), tuple(identity), known_ids)
-
-
-def _directory_owner(paths: StatePaths, sia_id: str) -> int | None:
-    """The uid owning ``jobs/<sia_id>/`` (a real directory), ``None`` if there is none."""
-    try:
-        info = os.stat(paths.job_dir(sia_id), follow_symlinks=False)
-    except (OSError, ProtocolError):
-        return None
-    return info.st_uid if stat.S_ISDIR(info.st_mode) else None
 
 
 def build_backend(

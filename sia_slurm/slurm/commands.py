@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.slurm.jsonparse import SlurmJob
+from sia_slurm.slurm.observe.jsonparse import SlurmJob
 
 # Observation: one command per kind per round.
 # -d adds GresUsed: the GPUs Slurm counts as allocated (phantom ones included, see

@@ -23,8 +23,9 @@ from typing import Any
 
 from sia_slurm.clock import Clock
 from sia_slurm.config import SiaConfig
-from sia_slurm.slurm.backend import JobsView, SlurmBackend, build_view
-from sia_slurm.slurm.jsonparse import SlurmParseError, parse_job
+from sia_slurm.slurm.backend import SlurmBackend
+from sia_slurm.slurm.observe.jobs_view import JobsView, build_view
+from sia_slurm.slurm.observe.jsonparse import SlurmParseError, parse_job
 from sia_slurm.slurm.runner import CommandRunner
 
 _VERSION = re.compile(r"(\d+)\.(\d+)")

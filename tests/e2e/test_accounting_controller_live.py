@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 
 from sia_slurm.devcluster import DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.protocol import StatePaths  # noqa: E402
-from sia_slurm.slurm.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.slurm.runner import SubprocessRunner  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
 from tests.accounts import TestAccounts  # noqa: E402

@@ -45,10 +45,10 @@ from sia_slurm.core import Configuration
 from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import MetricsReport, ProtocolError, StatePaths, read_document
+from sia_slurm.slurm.actuate.calls import UPDATE_MAX_PAUSE_S, is_stale_errno
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.calls import UPDATE_MAX_PAUSE_S, is_stale_errno
-from sia_slurm.slurm.hostlist import expand_hostlist
-from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
+from sia_slurm.slurm.observe.hostlist import expand_hostlist
+from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import SubprocessRunner
 from sia_slurm.state.tree import set_up
 from tests.accounts import TestAccounts
@@ -442,7 +442,7 @@ def all_stopped(ks: KillSite) -> bool:
 
 
 # slurmctld's log line for an update it refused with the stale errno of a job update without
-# slurmdbd (sia_slurm/slurm/calls.py, is_stale_errno): its time and the refusal.
+# slurmdbd (sia_slurm/slurm/actuate/calls.py, is_stale_errno): its time and the refusal.
 REFUSAL = re.compile(r"^\[(\S+)\] _slurm_rpc_update_job: JobId=\d+ uid=\d+: (.*)$")
 RETRY_GAP_S = UPDATE_MAX_PAUSE_S + 2.0
 

@@ -29,7 +29,7 @@ from sia_slurm.protocol import (
     read_document,
     write_document,
 )
-from sia_slurm.slurm.calls import SlurmCalls
+from sia_slurm.slurm.actuate.calls import SlurmCalls
 from sia_slurm.slurm.runner import CommandRunner
 from tests.launcher.test_slurm_job import RTX_LIMIT, wait_for
 

@@ -43,7 +43,7 @@ from sia_slurm.protocol import (
     refusal_name,
     write_document,
 )
-from sia_slurm.slurm.calls import SlurmCalls
+from sia_slurm.slurm.actuate.calls import SlurmCalls
 
 REPO = Path(__file__).resolve().parents[2]
 DATASET = 96

@@ -23,7 +23,7 @@ from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_documen
 from sia_slurm.report import ReportSourceError, render_site, report_from_db  # noqa: E402
 from sia_slurm.report.from_db import measured_goodput  # noqa: E402
 from sia_slurm.service import open_controller, run_round  # noqa: E402
-from sia_slurm.slurm.jobfiles import SlurmRecord  # noqa: E402
+from sia_slurm.slurm.observe.jobfiles import SlurmRecord  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402
 from tests.report.test_site import run_chromium  # noqa: E402
 from tests.service.fakes import FakeCluster, write_config  # noqa: E402

@@ -30,7 +30,7 @@ from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_document
 from sia_slurm.report import JobRow, report_from_db
 from sia_slurm.report.from_db import _DecisionPoint, goodput_pair, measured_goodput
-from sia_slurm.slurm.jobfiles import SlurmRecord
+from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.state import Store
 
 T0 = 1_700_000_000.0

@@ -11,7 +11,7 @@ import pytest
 
 from sia_slurm.policy.shares import JobOwner
 from sia_slurm.policy.site_accounting import SiteAccounting
-from sia_slurm.slurm.accounting import (
+from sia_slurm.slurm.observe.sacct import (
     AccountingParseError,
     AccountingReader,
     accounting_enabled,

@@ -19,7 +19,7 @@ from sia_slurm.devcluster import DevCluster, DevClusterSpec
 from sia_slurm.devcluster.accounts_spec import AccountingSpec
 from sia_slurm.devcluster.process import is_alive
 from sia_slurm.devcluster.slurmdbd import root_client
-from sia_slurm.slurm.accounting import AccountingReader
+from sia_slurm.slurm.observe.sacct import AccountingReader
 from sia_slurm.slurm.runner import CommandRunner
 from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_SPEC
 from tests.accounts import SharedTmp, TestAccounts

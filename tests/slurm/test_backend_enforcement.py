@@ -17,7 +17,7 @@ from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec, write_document
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.jobfiles import SlurmRecord
+from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 
 CONFIG = (
     "state_dir: {state_dir}\npartitions:\n"
@@ -42,7 +42,7 @@ def actuation_log(caplog: pytest.LogCaptureFixture, job_id: str) -> list[logging
     return [
         r
         for r in caplog.records
-        if r.name == "sia_slurm.slurm.enforce" and f"Slurm job {job_id}:" in r.getMessage()
+        if r.name == "sia_slurm.slurm.actuate.enforce" and f"Slurm job {job_id}:" in r.getMessage()
     ]
 
 
@@ -94,7 +94,7 @@ def test_a_running_job_without_an_assignment_is_requeued_and_held(
     )
     assert usable(snapshot)["t4-1"] == 3  # its GPU is taken, not the plan's to give
     fake_slurm.clear_calls()
-    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.enforce"):
+    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.actuate.enforce"):
         assert backend.apply([]) == []
     assert fake_slurm.calls == [["scontrol", "requeuehold", job_id]]
     assert [r.levelno for r in actuation_log(caplog, job_id)] == [logging.WARNING]
@@ -180,7 +180,7 @@ def test_held_jobs_are_put_under_the_controllers_hold_once(
         "a": "held by its user (JobHeldUser)"  # sbatch --hold: she could release it
     }
     fake_slurm.clear_calls()
-    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.enforce"):
+    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.actuate.enforce"):
         backend.apply([])
     assert fake_slurm.calls == [["scontrol", "hold", mine]]
     # Every new job comes with its user's hold: routine, said at info (a warning is for runs

@@ -21,7 +21,7 @@ from sia_slurm.devcluster import DevCluster
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import Assignment, StatePaths, read_document
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.inventory import parse_records
+from sia_slurm.slurm.observe.inventory import parse_records
 
 pytestmark = pytest.mark.slurm
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sia_slurm.slurm.jobfiles import DocumentCache
+from sia_slurm.slurm.observe.jobfiles import DocumentCache
 from tests.slurm.test_backend import backend_for
 from tests.slurm.test_backend_enforcement import started, usable
 

@@ -58,7 +58,7 @@ def test_a_refused_run_is_requeued_held_and_started_again_as_granted(
     assert job.message == f"not running as granted: {reason}; being requeued"
     assert usable(snapshot)["rtx-1"] == 3  # Slurm still counts its GPU taken
     fake_slurm.clear_calls()
-    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.enforce"):
+    with caplog.at_level(logging.INFO, logger="sia_slurm.slurm.actuate.enforce"):
         assert backend.apply([]) == []
     assert fake_slurm.calls == [["scontrol", "requeuehold", job_id]]
     (logged,) = actuation_log(caplog, job_id)

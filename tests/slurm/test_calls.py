@@ -1,6 +1,6 @@
 """SlurmCalls: an ``scontrol update`` that 24.11 and 26.05 refuse with a stale errno (no
-accounting storage; sia_slurm/slurm/calls.py) is sent again, as copies at once after the first
-refusal; any other failure is not."""
+accounting storage; sia_slurm/slurm/actuate/calls.py) is sent again, as copies at once after the
+first refusal; any other failure is not."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from sia_slurm.slurm.calls import (
+from sia_slurm.slurm.actuate.calls import (
     UPDATE_COPIES,
     UPDATE_MAX_PAUSE_S,
     UPDATE_PAUSE_S,

@@ -1,8 +1,8 @@
 """Partition moves against the real slurmctld, with both cores busy: every one is taken.
 
 24.11 and 26.05 without accounting storage refuse a Partition= change with whatever errno the
-RPC's worker thread last set (sia_slurm/slurm/calls.py). On 26.05.5 under this load one update
-sent again alone took up to 35 tries, more than the 30 the controller allows; with the copies
+RPC's worker thread last set (sia_slurm/slurm/actuate/calls.py). On 26.05.5 under this load one
+update sent again alone took up to 35 tries, more than the 30 the controller allows; with the copies
 :class:`SlurmCalls` sends after a refusal, 7 at most (2026-11-27). 22.05 takes each at once.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from sia_slurm.devcluster import DevCluster
-from sia_slurm.slurm.calls import SlurmCalls
+from sia_slurm.slurm.actuate.calls import SlurmCalls
 from tests.cpuload import busy_cores
 
 pytestmark = pytest.mark.slurm

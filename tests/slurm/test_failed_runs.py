@@ -28,9 +28,9 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
-from sia_slurm.slurm.jsonparse import SlurmJob
-from sia_slurm.slurm.managed import failed_run
+from sia_slurm.slurm.observe.jobfiles import RunId, SlurmRecord
+from sia_slurm.slurm.observe.jsonparse import SlurmJob
+from sia_slurm.slurm.observe.managed import failed_run
 
 CONFIG = (
     "state_dir: {state_dir}\npartitions:\n"
@@ -232,7 +232,7 @@ def test_a_run_slurm_ended_is_requeued_held_and_counted_once(
     job = only(backend)
     assert job.phase is JobPhase.PENDING and "brought back" in job.message
     fake_slurm.clear_calls()
-    with caplog.at_level(logging.WARNING, logger="sia_slurm.slurm.enforce"):
+    with caplog.at_level(logging.WARNING, logger="sia_slurm.slurm.actuate.enforce"):
         backend.apply([])
     assert fake_slurm.calls == [["scontrol", "requeuehold", job_id], ["scontrol", "hold", job_id]]
     assert any("brought back" in r.getMessage() for r in caplog.records)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.slurm.inventory import (
+from sia_slurm.slurm.observe.inventory import (
     GresEntry,
     parse_gres,
     parse_nodes,

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sia_slurm.slurm.hostlist import expand_hostlist
-from sia_slurm.slurm.jsonparse import (
+from sia_slurm.slurm.observe.hostlist import expand_hostlist
+from sia_slurm.slurm.observe.jsonparse import (
     SlurmParseError,
     gres_detail_gpus,
     job_state,

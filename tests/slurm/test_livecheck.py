@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sia_slurm.cli.live_check import check_live
 from sia_slurm.config import parse_config
-from sia_slurm.slurm.inventory import SlurmInventory, parse_nodes, parse_partitions
+from sia_slurm.slurm.observe.inventory import SlurmInventory, parse_nodes, parse_partitions
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 INVENTORY = SlurmInventory(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sia_slurm.slurm.jobfiles import LostSubmissions
+from sia_slurm.slurm.observe.jobfiles import LostSubmissions
 
 
 def _lost(jobs: Path, names: list[str], written: float) -> None:

@@ -13,9 +13,15 @@ import pytest
 
 from sia_slurm.cluster import JobPhase
 from sia_slurm.protocol import Assignment, MetricsReport, ProtocolError, write_document
-from sia_slurm.slurm.jobfiles import MetricsInbox, RunId, SlurmRecord
-from sia_slurm.slurm.jsonparse import SlurmJob, parse_job
-from sia_slurm.slurm.managed import first_record, foreign_jobs, job_phase, resolve, unauthorized
+from sia_slurm.slurm.observe.jobfiles import MetricsInbox, RunId, SlurmRecord
+from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_job
+from sia_slurm.slurm.observe.managed import (
+    first_record,
+    foreign_jobs,
+    job_phase,
+    resolve,
+    unauthorized,
+)
 from sia_slurm.userfiles import JobDirectory
 
 PARTITION_TYPES = {"a100": "a100", "rtx": "rtx", "t4": "t4", "old": "t4"}

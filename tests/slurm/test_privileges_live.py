@@ -20,9 +20,9 @@ import pytest
 
 from sia_slurm.devcluster import DevCluster
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.calls import refused_for_now, send_until_taken, update_pause_s
-from sia_slurm.slurm.inventory import parse_records
-from sia_slurm.slurm.jsonparse import job_state, number
+from sia_slurm.slurm.actuate.calls import refused_for_now, send_until_taken, update_pause_s
+from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.observe.jsonparse import job_state, number
 from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, run_as
 from tests.release import TEST_RELEASE, TRES_GPU
 
@@ -89,7 +89,7 @@ class Slurm:
     def update(self, user: str, *argv: str) -> subprocess.CompletedProcess[str]:
         """``scontrol update`` as ``user``, sent again while 24.11/26.05 refuse a Partition=
         change with a stale errno, EAGAIN or EINTR (no accounting storage here), exactly as the
-        controller sends its own (sia_slurm/slurm/calls.py: copies at once, backing off; one
+        controller sends its own (sia_slurm/slurm/actuate/calls.py: copies at once, backing off; one
         update sent again alone every 0.1 s, then by the backoff alone, gave up at load 16).
         22.05 takes it at once, and must."""
         update = ["scontrol", "update", *argv]

@@ -12,7 +12,7 @@ import pytest
 from sia_slurm.config import parse_config
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.backend import SlurmBackend, build_backend
-from sia_slurm.slurm.jsonparse import parse_job
+from sia_slurm.slurm.observe.jsonparse import parse_job
 from sia_slurm.slurm.pyslurm_backend import (
     PyslurmBackend,
     PyslurmUnavailableError,

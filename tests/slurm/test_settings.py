@@ -13,7 +13,7 @@ from sia_slurm.config import parse_config
 from sia_slurm.service.loop import _describe
 from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.runner import CommandResult
-from sia_slurm.slurm.settings import SlurmSettings, parse_settings
+from sia_slurm.slurm.slurm_conf import SlurmSettings, parse_settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 

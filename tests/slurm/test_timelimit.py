@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sia_slurm.slurm.accounting import AccountingReader, parse_run_seconds
-from sia_slurm.slurm.jobfiles import SlurmRecord
-from sia_slurm.slurm.managed import first_record
+from sia_slurm.slurm.actuate.timelimit import LifeLimits, TimeLeft, cancel, set_time_limit
+from sia_slurm.slurm.observe.jobfiles import SlurmRecord
+from sia_slurm.slurm.observe.managed import first_record
+from sia_slurm.slurm.observe.sacct import AccountingReader, parse_run_seconds
 from sia_slurm.slurm.runner import CommandResult
-from sia_slurm.slurm.timelimit import LifeLimits, TimeLeft, cancel, set_time_limit
 from tests.slurm.test_managed import slurm_job
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"

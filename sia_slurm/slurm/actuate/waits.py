@@ -1,8 +1,8 @@
 """Waiting inside a stop: for the jobs' acknowledgements of a stop request, and for requeued
 jobs to give their GPUs back (COMPLETING -> PENDING).
 
-Split from :mod:`sia_slurm.slurm.actuate`, which orders the steps; here is only how long and
-on what the actuator waits, on the controller's clock (a fake one in the backend's tests).
+Split from :mod:`sia_slurm.slurm.actuate.actuator`, which orders the steps; here is only how
+long and on what the actuator waits, on the controller's clock (a fake one in the backend's tests).
 Slurm is asked at most every :data:`SLURM_POLL_S` while acknowledgements are awaited and every
 :data:`COMPLETING_POLL_S` while jobs complete, and only about the jobs waited on
 (``squeue --json --jobs=...``, :func:`query_jobs`): a whole ``squeue`` of a 10,000-job cluster
@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sia_slurm.clock import Clock
 from sia_slurm.cluster import Move, Stop
 from sia_slurm.protocol import ProtocolError, StatePaths, StopRequest, ack_name, read_document
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.jsonparse import SlurmJob, parse_squeue_json
+from sia_slurm.slurm.observe.jobs_view import JobsView
+from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 from sia_slurm.userfiles import JobDirectory
-
-if TYPE_CHECKING:
-    from sia_slurm.slurm.backend import JobsView
 
 logger = logging.getLogger(__name__)
 

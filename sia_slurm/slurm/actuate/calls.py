@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.runner import CommandError, CommandResult, CommandRunner
-from sia_slurm.slurm.settings import SlurmSettings, parse_settings
+from sia_slurm.slurm.slurm_conf import SlurmSettings, parse_settings
 
 logger = logging.getLogger(__name__)
 

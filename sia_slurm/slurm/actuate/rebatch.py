@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from sia_slurm.cluster import Rebatch
 from sia_slurm.protocol import Assignment, ProtocolError
-from sia_slurm.slurm.jsonparse import SlurmJob
+from sia_slurm.slurm.observe.jsonparse import SlurmJob
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from dataclasses import replace
 from sia_slurm.protocol import StatePaths
 from sia_slurm.safefiles import write_text_atomic
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.calls import SlurmCalls
+from sia_slurm.slurm.actuate.calls import SlurmCalls
 from sia_slurm.slurm.commands import Shape
-from sia_slurm.slurm.jsonparse import SlurmJob
-from sia_slurm.slurm.managed import ManagedJob
+from sia_slurm.slurm.observe.jsonparse import SlurmJob
+from sia_slurm.slurm.observe.managed import ManagedJob
 
 logger = logging.getLogger(__name__)
 

@@ -246,7 +246,7 @@ class SlurmRecord:
     failed_runs: tuple[str, ...] = ()
     slurm_failed_runs: tuple[str, ...] = ()
     # The job's TimeLimit (minutes) at first sight, before the controller set the time left on
-    # a later run: its limit over its whole life (slurm/timelimit.py). None: unlimited.
+    # a later run: its limit over its whole life (slurm/actuate/timelimit.py). None: unlimited.
     time_limit_min: int | None = None
 
     def with_failure(self, run: RunId, users_fault: bool) -> SlurmRecord:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sia_slurm.slurm.hostlist import split_top_level
+from sia_slurm.slurm.observe.hostlist import split_top_level
 from sia_slurm.slurm.runner import CommandRunner
 
 # A key starts a new field where a space is followed by `Name=`; values may hold spaces

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from sia_slurm.cluster import JobPhase
 from sia_slurm.core import Configuration, NodeShare
 from sia_slurm.protocol import SIA_ID, Assignment, ExitCause, ProtocolError, RunExit, RunRefusal
-from sia_slurm.slurm.jobfiles import RunId, SlurmRecord
-from sia_slurm.slurm.jsonparse import FINISHED_STATES, SlurmJob
+from sia_slurm.slurm.observe.jobfiles import RunId, SlurmRecord
+from sia_slurm.slurm.observe.jsonparse import FINISHED_STATES, SlurmJob
 
 # Hold reasons a job's own user can release (``scontrol release`` as the user), whoever set
 # the hold: a requeuehold is one too (``docs/slurm-actuation.md``, "Privileges").

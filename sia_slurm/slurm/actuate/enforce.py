@@ -7,7 +7,7 @@ Every ``apply`` (every round, with or without actions) first
 * holds a pending job that someone else released, or that only its user holds (a user can
   release their own hold; the controller's hold is an admin hold);
 * brings back a run that failed without its own code failing, or within its
-  ``--max-failures`` (:func:`sia_slurm.slurm.managed.failed_run`): ``scontrol requeuehold``
+  ``--max-failures`` (:func:`sia_slurm.slurm.observe.managed.failed_run`): ``scontrol requeuehold``
   of the finished job, then ``scontrol hold``, after the failure is counted in the
   controller's record.
 
@@ -21,8 +21,8 @@ import logging
 from dataclasses import dataclass, field
 
 from sia_slurm.slurm import commands
-from sia_slurm.slurm.calls import SlurmCalls
-from sia_slurm.slurm.managed import FailedRun, ManagedJob
+from sia_slurm.slurm.actuate.calls import SlurmCalls
+from sia_slurm.slurm.observe.managed import FailedRun, ManagedJob
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ could run three times its limit. Before each later run starts, the controller se
 ``TimeLimit`` to what is left: the limit Slurm had at first sight (kept in the controller's
 record, :attr:`SlurmRecord.time_limit_min`, since the controller then changes Slurm's) less
 the run time of every earlier run, which Slurm accounting has (``sacct -D``, every run of
-every Slurm job carrying the job's comment, :func:`sia_slurm.slurm.accounting.sacct_runs`).
+every Slurm job carrying the job's comment, :func:`sia_slurm.slurm.observe.sacct.sacct_runs`).
 Slurm then ends the run at the limit itself (``TIMEOUT``). Slurm's limits are whole minutes: the
 time left is rounded to the nearest minute, so the total may be off by up to 30 s a restart. A
 job with nothing left is not started again: it is cancelled, which ends it for good.
@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from sia_slurm.slurm.accounting import (
+from sia_slurm.slurm.observe.sacct import (
     AccountingParseError,
     AccountingReader,
     parse_run_seconds,

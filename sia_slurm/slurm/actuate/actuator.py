@@ -27,7 +27,7 @@ Sequences (verified on Slurm 22.05.8; ``docs/slurm-actuation.md``):
 * **Rebatch**: rewrite ``assignment.json`` with the new round and batch; nothing in Slurm.
 
 Before the actions, every ``apply`` enforces the controller's grants
-(:mod:`sia_slurm.slurm.enforce`).
+(:mod:`sia_slurm.slurm.actuate.enforce`).
 
 The controller writes only under ``control/``, its own tree; the job's directory is read
 through :mod:`sia_slurm.userfiles`.
@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from sia_slurm.clock import Clock
 from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
@@ -55,20 +54,19 @@ from sia_slurm.protocol import (
     read_document,
     write_document,
 )
-from sia_slurm.slurm import commands, timelimit
-from sia_slurm.slurm.accounting import AccountingReader
-from sia_slurm.slurm.calls import SlurmCalls
+from sia_slurm.slurm import commands
+from sia_slurm.slurm.actuate import timelimit
+from sia_slurm.slurm.actuate.calls import SlurmCalls
+from sia_slurm.slurm.actuate.rebatch import rebatch
+from sia_slurm.slurm.actuate.resubmit import ResubmissionError, must_resubmit, resubmit
+from sia_slurm.slurm.actuate.waits import Waits
 from sia_slurm.slurm.commands import Shape
-from sia_slurm.slurm.jobfiles import DocumentCache
-from sia_slurm.slurm.jsonparse import SlurmJob
-from sia_slurm.slurm.managed import ManagedJob, under_controller_hold
-from sia_slurm.slurm.rebatch import rebatch
-from sia_slurm.slurm.resubmit import ResubmissionError, must_resubmit, resubmit
+from sia_slurm.slurm.observe.jobfiles import DocumentCache
+from sia_slurm.slurm.observe.jobs_view import JobsView
+from sia_slurm.slurm.observe.jsonparse import SlurmJob
+from sia_slurm.slurm.observe.managed import ManagedJob, under_controller_hold
+from sia_slurm.slurm.observe.sacct import AccountingReader
 from sia_slurm.slurm.runner import CommandError, CommandRunner
-from sia_slurm.slurm.waits import Waits
-
-if TYPE_CHECKING:
-    from sia_slurm.slurm.backend import JobsView
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +236,7 @@ class Actuator:
     ) -> None:
         """Complete each Stop and place each Move once its Slurm job is PENDING (its GPUs
         free); a requeued job that ends instead, or is still not PENDING after
-        :data:`~sia_slurm.slurm.waits.COMPLETING_TIMEOUT_S`, fails its action. ``view`` is
+        :data:`~sia_slurm.slurm.actuate.waits.COMPLETING_TIMEOUT_S`, fails its action. ``view`` is
         Slurm as it is now."""
 
         def settle(ready: Sequence[Stop | Move], view: JobsView) -> None:
@@ -506,7 +504,7 @@ class Actuator:
                 )
 
     def _resubmit(self, step: _Placement) -> None:
-        """Shrink by resubmission (:mod:`sia_slurm.slurm.resubmit`); the step goes on with
+        """Shrink by resubmission (:mod:`sia_slurm.slurm.actuate.resubmit`); the step goes on with
         the new Slurm job, whose restart count starts again at 0."""
         step.slurm_job_id = resubmit(self.calls, self.paths, step.job, step.shape)
         step.restarts = step.job.restarts
