@@ -7,7 +7,9 @@ of configurations in one call and gets a :class:`GoodputRow` back. Nothing here 
 Names follow the Sia paper: a *configuration* is (GPU type, nodes, GPUs); *goodput* is
 throughput x statistical efficiency. The cluster's own words live here too (:class:`NodeView`,
 :class:`NodeShare`), so the cluster interface, the Slurm backend and the state store name a node
-without importing the policies.
+without importing the policies; so does the controller's :class:`Decision` about a job (re-exported
+by :mod:`sia_slurm.controller`), so the state store records and reads decisions without importing
+the controller.
 """
 
 from __future__ import annotations
@@ -109,3 +111,23 @@ class NodeShare:
 
     node: str
     gpus: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One job's outcome of a round, for logs, ``sia-slurm explain`` and the dashboard (made by
+    :class:`sia_slurm.controller.Controller`, kept in the state database's ``decisions``)."""
+
+    sia_id: str
+    phase: str
+    action: str  # "start", "move", "stop", "rebatch", "keep", "wait"
+    before: str  # configuration before the round ("-" when none)
+    after: str  # configuration after the round ("-" when none)
+    batch_size: int = 0
+    local_bsz: int = 0
+    accum_steps: int = 0
+    goodput: float = 0.0  # predicted samples/s at M0-equivalent efficiency
+    note: str = ""
+    # Predicted raw samples/s of ``after`` at this batch, before statistical efficiency (0:
+    # none, or a database written before the field): see JobAllocation.throughput.
+    throughput: float = 0.0

@@ -73,6 +73,7 @@ from sia_slurm.protocol import (
     to_json,
 )
 from sia_slurm.safefiles import MAX_FILE_BYTES, MAX_ITEMS, MAX_STRING_CHARS, parse_json
+from sia_slurm.service.summary import record_round
 from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.state.store import Store
 from sia_slurm.state.tree import set_up
@@ -909,7 +910,7 @@ def test_a_spec_with_a_lone_surrogate_leaves_the_round_recordable(
     outcome = Controller(make_policy("sia"), FACTORY).round(snapshot)
     with Store.open(tmp_path / "sia.db") as store, store.transaction():
         store.record_jobs(snapshot)
-        store.record_round(outcome, snapshot, dry_run=False, wall_time=NOW, timings={})
+        record_round(store, outcome, snapshot, dry_run=False, wall_time=NOW, timings={})
 
 
 # ------------------------------------------------------------------------------------------------

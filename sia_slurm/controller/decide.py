@@ -29,7 +29,7 @@ from sia_slurm.cluster import (
 from sia_slurm.controller.jobs import JobRecord
 from sia_slurm.controller.profiling import Profiler
 from sia_slurm.controller.quarantine import MAX_CULPRITS, QUARANTINED, Quarantine
-from sia_slurm.core import JobKind
+from sia_slurm.core import Decision, JobKind
 from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.base import (
     Allocation,
@@ -56,25 +56,6 @@ from sia_slurm.protocol import JobSpec, MetricsReport
 logger = logging.getLogger(__name__)
 
 EstimatorBuilder = Callable[[JobSpec], JobGoodputEstimator]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One job's outcome of a round, for logs, ``sia-slurm explain`` and the dashboard."""
-
-    sia_id: str
-    phase: str
-    action: str  # "start", "move", "stop", "rebatch", "keep", "wait"
-    before: str  # configuration before the round ("-" when none)
-    after: str  # configuration after the round ("-" when none)
-    batch_size: int = 0
-    local_bsz: int = 0
-    accum_steps: int = 0
-    goodput: float = 0.0  # predicted samples/s at M0-equivalent efficiency
-    note: str = ""
-    # Predicted raw samples/s of ``after`` at this batch, before statistical efficiency (0:
-    # none, or a database written before the field): see JobAllocation.throughput.
-    throughput: float = 0.0
 
 
 @dataclass(frozen=True)

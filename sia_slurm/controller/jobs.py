@@ -88,7 +88,7 @@ class JobRecord:
     spec: JobSpec
     estimator: JobGoodputEstimator
     # The job's own profile document its model was built from (None: a shipped profile), kept
-    # so that a restarted controller rebuilds the same model (sia_slurm/state/memory.py).
+    # so that a restarted controller rebuilds the same model (sia_slurm/service/memory.py).
     profile_document: Mapping[str, Any] | None = None
     max_gpus_seen: int = 0
     reports: int = 0

@@ -33,9 +33,10 @@ from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
 from sia_slurm.protocol import MetricsReport
 from sia_slurm.service.logs import log_action, log_decision, log_event
+from sia_slurm.service.memory import save_memory
 from sia_slurm.service.prometheus import RoundMetrics, metrics_of, write_textfile
-from sia_slurm.state import PENDING, SKIPPED, Journal, Store, action_kind, save_memory
-from sia_slurm.state.store import gpus_by_type, jobs_by_phase
+from sia_slurm.service.summary import gpus_by_type, jobs_by_phase, record_round
+from sia_slurm.state import PENDING, SKIPPED, Journal, Store, action_kind
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ def _record(
     now = clock.now()
     with store.transaction():
         store.record_jobs(snapshot)
-        store.record_round(outcome, snapshot, dry_run=dry_run, wall_time=now, timings=timings)
+        record_round(store, outcome, snapshot, dry_run=dry_run, wall_time=now, timings=timings)
         save_memory(
             store, controller, config.policy.name, outcome.reports_taken, outcome.round_index, now
         )

@@ -1,8 +1,14 @@
-"""The controller's durable state: one SQLite database under ``state_dir``.
+"""The controller's durable state: one SQLite database under ``state_dir``, and the files beside it.
 
 :class:`Store` owns the file and the job/round/decision tables, :class:`Journal` the action
-journal (every action committed before it is issued), :mod:`.memory` the controller's memory
-(goodput-model inputs, previous allocation, round index) so a new process continues a run.
+journal (every action committed before it is issued), :mod:`.memory` how the controller's memory
+(goodput-model inputs, previous allocation, round index) is kept so a new process continues a
+run, :mod:`.profiles` the profiles measured on the site and :mod:`.tree` the state directory.
+
+This package only stores and loads: it imports neither the controller, the policies nor the
+goodput model (tests/state/test_pure_storage.py). What is stored is computed by its producers:
+:mod:`sia_slurm.service.memory` turns a controller into its memory and back,
+:mod:`sia_slurm.service.summary` summarises a round for the ``rounds`` table.
 """
 
 from sia_slurm.state.codec import CodecError, action_kind
@@ -10,9 +16,9 @@ from sia_slurm.state.journal import DONE, FAILED, PENDING, SKIPPED, Journal, Jou
 from sia_slurm.state.memory import (
     DEFAULT_REPORTS_PER_SHAPE,
     MEMORY_FORMAT,
+    ControllerMemory,
+    JobMemory,
     RestoreNote,
-    load_memory,
-    save_memory,
 )
 from sia_slurm.state.store import SCHEMA_VERSION, JobRow, RoundRow, Store, StoreError
 
@@ -25,6 +31,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "SKIPPED",
     "CodecError",
+    "ControllerMemory",
+    "JobMemory",
     "JobRow",
     "Journal",
     "JournalEntry",
@@ -33,6 +41,4 @@ __all__ = [
     "Store",
     "StoreError",
     "action_kind",
-    "load_memory",
-    "save_memory",
 ]

@@ -1,60 +1,53 @@
-"""The controller's memory in the state database, so a new process continues where the last
-one stopped (``controller run --once`` under cron runs every round in a fresh process).
+"""The controller's memory as it is kept in the state database, so a new process continues
+where the last one stopped (``controller run --once`` under cron runs every round in a fresh
+process).
 
-What a :class:`~sia_slurm.controller.Controller` remembers, and how it is kept:
+This module only stores and loads: it writes a :class:`ControllerMemory` (plain values) and
+reads the saved rows back, and knows nothing of the controller, the policies or the goodput
+model. Turning a live :class:`~sia_slurm.controller.Controller` into a :class:`ControllerMemory`
+and the rows read back into a live controller is :mod:`sia_slurm.service.memory`'s work.
+
+What is kept, and how:
 
 * per job: its spec, ``max_gpus_seen``, report count and time (``jobs`` columns) and the metrics
   reports it ingested (``reports``; the latest :data:`DEFAULT_REPORTS_PER_SHAPE` per job and
-  shape, so the file stays small). A job's goodput model is rebuilt by re-feeding those reports
-  to a fresh estimator through :meth:`JobRecord.ingest`, round by round, refitting after each
-  round exactly as the live controller's policy evaluation does, so the rebuilt model equals
-  the live one (until a shape has more reports than are kept: then the mean is over the
-  latest ones);
+  shape, so the file stays small), from which its goodput model is rebuilt;
 * per job that brought its own profile: the checked ``profile.json`` its model was built from,
-  in ``meta`` under ``profile_document:<sia id>`` (the job's directory is never read here);
-* the quarantine reasons of the last round (from its decisions), so that each is logged once
-  however many processes the rounds take;
+  in ``meta`` under ``profile_document:<sia id>`` (the job's directory is never read here), and
+  the restarts its profiling took, under ``profiling_restarts:<sia id>``;
 * the previous :class:`~sia_slurm.policy.base.Allocation`, including the policy's own ``state``
   (an arbitrary object): pickled into a BLOB with a format number, the sia-slurm version and the
   policy name. If any of them differs, or the BLOB cannot be loaded, the controller starts
   fresh (no previous allocation) and says why;
-* the profilings under way (:mod:`sia_slurm.controller.profiling`: the types measured, what
-  each job was given, the documents refused), as JSON in ``meta`` under ``profilings``; a job
-  still profiling is re-admitted into its profiling at the next round;
+* the profilings under way (:mod:`sia_slurm.controller.profiling`), as JSON in ``meta`` under
+  ``profilings``;
 * the round index;
-* the fair-share usage ledger (:class:`~sia_slurm.policy.shares.UsageLedger`: each account's
-  decayed GPU time held and owed), as JSON in ``meta`` under ``usage``: without it a
-  restarted controller, and ``--once`` under cron every round, would start every account's
-  usage factor afresh.
+* the fair-share usage ledger (:class:`~sia_slurm.policy.shares.UsageLedger`), as JSON in
+  ``meta`` under ``usage``.
 
 The BLOB is only unpickled from a database that nobody but its owner can write, and only
-classes from sia-slurm, numpy's array reconstruction and plain builtins are accepted.
+classes from sia-slurm, numpy's array reconstruction and plain builtins are accepted. A pickle
+names :func:`_mapping_proxy` by this module's path (``sia_slurm.state.memory``), so both stay
+here: moving them would make every saved allocation unloadable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
 import math
 import os
 import pickle
+import sqlite3
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from sia_slurm import __version__
-from sia_slurm.controller import Controller, JobRecord
-from sia_slurm.controller.profiling import Profiler, Profiling
-from sia_slurm.controller.quarantine import QUARANTINED
-from sia_slurm.core import Configuration
-from sia_slurm.model import JobGoodputEstimator
-from sia_slurm.policy.base import Allocation, Policy
-from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
-from sia_slurm.protocol import JobSpec, MetricsReport, ProtocolError, from_json, to_json
+from sia_slurm.protocol import MetricsReport, ProtocolError, from_json, to_json
 from sia_slurm.state.store import Store
 
 logger = logging.getLogger(__name__)
@@ -81,13 +74,35 @@ class RestoreNote:
     reason: str
 
 
+@dataclass(frozen=True)
+class JobMemory:
+    """What is kept of one remembered job, besides its ``jobs`` row and its reports."""
+
+    max_gpus_seen: int
+    reports: int  # reports ingested
+    last_report_time: float  # -inf: none yet
+    profile_document: Mapping[str, Any] | None  # the job's own checked profile.json
+    profiling_restarts: int
+
+
+@dataclass(frozen=True)
+class ControllerMemory:
+    """What is saved of the controller after a round, as plain values."""
+
+    round_index: int  # the controller's next round
+    jobs: Mapping[str, JobMemory]  # by sia id, the jobs it remembers
+    usage: Any  # the usage ledger's JSON
+    profilings: list[Any] | None  # each profiling under way, as JSON (None: no profiler)
+    previous: object | None  # the policy's previous allocation (pickled into the BLOB)
+
+
 # ----------------------------------------------------------------------------------------------
 # Saving
 
 
-def save_memory(
+def write_memory(
     store: Store,
-    controller: Controller,
+    memory: ControllerMemory,
     policy_name: str,
     reports: Iterable[MetricsReport],
     round_index: int,
@@ -95,24 +110,23 @@ def save_memory(
     *,
     keep_per_shape: int = DEFAULT_REPORTS_PER_SHAPE,
 ) -> None:
-    """Persist ``controller``'s memory after round ``round_index`` (call inside a transaction,
-    after :meth:`Store.record_jobs`, so every remembered job has its row).
+    """Write ``memory`` after round ``round_index`` (call inside a transaction, after
+    :meth:`Store.record_jobs`, so every remembered job has its row).
 
-    ``reports`` are the snapshot's reports; those of jobs the controller remembers are the ones
-    it ingested (one it rejected is rejected again when re-fed, with the same effect).
+    Of ``reports`` (the snapshot's), those of remembered jobs are kept.
     """
     conn = store.conn
-    remembered = controller.jobs
+    remembered = memory.jobs
     conn.execute("UPDATE jobs SET remembered = 0 WHERE remembered = 1")
-    for sia_id, record in remembered.items():
-        last = record.last_report_time
+    for sia_id, job in remembered.items():
+        last = job.last_report_time
         conn.execute(
             "UPDATE jobs SET remembered = 1, admitted_round = COALESCE(admitted_round, ?), "
             "max_gpus_seen = ?, reports_seen = ?, last_report_time = ? WHERE sia_id = ?",
             (
                 round_index,
-                record.max_gpus_seen,
-                record.reports,
+                job.max_gpus_seen,
+                job.reports,
                 last if math.isfinite(last) else None,
                 sia_id,
             ),
@@ -137,16 +151,16 @@ def save_memory(
     conn.execute(
         "DELETE FROM reports WHERE sia_id NOT IN (SELECT sia_id FROM jobs WHERE remembered = 1)"
     )
-    for sia_id, record in remembered.items():
-        if record.profile_document is not None:  # written once: a job's document never changes
+    for sia_id, job in remembered.items():
+        if job.profile_document is not None:  # written once: a job's document never changes
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
-                (PROFILE_KEY + sia_id, json.dumps(record.profile_document)),
+                (PROFILE_KEY + sia_id, json.dumps(job.profile_document)),
             )
-        if record.profiling_restarts:  # written once, when its profiling ended
+        if job.profiling_restarts:  # written once, when its profiling ended
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
-                (PROFILING_RESTARTS_KEY + sia_id, json.dumps(record.profiling_restarts)),
+                (PROFILING_RESTARTS_KEY + sia_id, json.dumps(job.profiling_restarts)),
             )
     for key in (PROFILE_KEY, PROFILING_RESTARTS_KEY):
         conn.execute(
@@ -154,18 +168,17 @@ def save_memory(
             "(SELECT sia_id FROM jobs WHERE remembered = 1)",
             (key + "%", len(key) + 1),
         )
-    store.set_meta(USAGE_KEY, controller.usage.to_json())
-    if controller.profiler is not None:
-        profilings = controller.profiler.profilings.values()
-        store.set_meta(PROFILINGS_KEY, [p.to_json() for p in profilings])
+    store.set_meta(USAGE_KEY, memory.usage)
+    if memory.profilings is not None:
+        store.set_meta(PROFILINGS_KEY, memory.profilings)
     conn.execute(
         "INSERT OR REPLACE INTO controller VALUES (1, ?, ?, ?, ?, ?, ?)",
         (
             MEMORY_FORMAT,
             __version__,
             policy_name,
-            controller.round_index,
-            None if controller.previous is None else dump_allocation(controller.previous),
+            memory.round_index,
+            None if memory.previous is None else dump_pickle(memory.previous),
             now,
         ),
     )
@@ -176,89 +189,42 @@ def _shape(report: MetricsReport) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Loading
+# Reading back
 
 
-def load_memory(
-    store: Store,
-    policy: Policy,
-    policy_name: str,
-    estimator_for: Callable[[JobSpec], JobGoodputEstimator],
-    shares: SharesConfig = EQUAL_USERS,
-    profiler: Profiler | None = None,
-) -> tuple[Controller, list[RestoreNote]]:
-    """A :class:`Controller` with the site's ``shares`` holding the memory saved in ``store``
-    (fresh if there is none).
-
-    Parts that cannot be restored are left out and listed in the returned notes; a job left out
-    is simply re-admitted as new at the next round.
-    """
-    controller = Controller(policy, estimator_for, shares, profiler)
-    notes: list[RestoreNote] = []
-    row = store.conn.execute("SELECT * FROM controller WHERE id = 1").fetchone()
-    if row is None:
-        return controller, notes
-    try:
-        controller.usage.restore(store.meta(USAGE_KEY, {}), f"{store.path}: meta.{USAGE_KEY}")
-    except ValueError as exc:
-        notes.append(RestoreNote("usage ledger", str(exc)))
-    if profiler is not None:
-        _restore_profilings(store, profiler, notes)
-    controller.round_index = int(row["round_index"])
-    previous, why = _previous_allocation(store, row, policy_name)
-    controller.previous = previous
-    if why:
-        notes.append(RestoreNote("previous allocation", why))
-    reports = _stored_reports(store, notes)
-    for job in store.jobs():
-        if not job.remembered:
-            continue
-        where = f"{store.path}: jobs.{job.sia_id}.spec"
-        try:
-            spec = from_json(JobSpec, job.spec, where)
-            document = store.meta(PROFILE_KEY + job.sia_id)
-            if document is None and profiler is not None and _profiling(spec, profiler):
-                continue  # re-admitted next round, into its profiling (restored above)
-            if document is None:
-                record = JobRecord(spec, estimator_for(spec))
-            else:
-                estimator = estimator_for(spec, document)  # type: ignore[call-arg]
-                record = JobRecord(spec, estimator, document)
-            _replay(record, job.admitted_round, reports.get(job.sia_id, []))
-        except (ProtocolError, ValueError) as exc:
-            notes.append(RestoreNote(f"job {job.sia_id}", str(exc)))
-            continue
-        record.profiling_restarts = int(store.meta(PROFILING_RESTARTS_KEY + job.sia_id, 0) or 0)
-        record.max_gpus_seen = job.max_gpus_seen
-        record.reports = job.reports_seen
-        if job.last_report_time is not None:
-            record.last_report_time = job.last_report_time
-        controller.jobs[job.sia_id] = record
-    last = store.last_round()
-    if last is not None:
-        decided = store.decisions(last.round_index).items()
-        controller.quarantine_said = {s: d.note for s, d in decided if d.action == QUARANTINED}
-    for note in notes:
-        logger.warning("restoring the controller: %s: %s; left out", note.what, note.reason)
-    return controller, notes
+def controller_row(store: Store) -> sqlite3.Row | None:
+    """The saved ``controller`` row (round index, previous allocation), or ``None``: nothing was
+    saved yet."""
+    row: sqlite3.Row | None = store.conn.execute("SELECT * FROM controller WHERE id = 1").fetchone()
+    return row
 
 
-def _profiling(spec: JobSpec, profiler: Profiler) -> bool:
-    """Whether a job was profiling (no profile of its own, no shipped app)."""
-    return not spec.profile and spec.app not in profiler.factory.profiles.apps
+def saved_usage(store: Store) -> Any:
+    """The usage ledger's JSON (``{}`` when none was saved)."""
+    return store.meta(USAGE_KEY, {})
 
 
-def _restore_profilings(store: Store, profiler: Profiler, notes: list[RestoreNote]) -> None:
-    for data in store.meta(PROFILINGS_KEY, []):
-        try:
-            profiling = Profiling.from_json(data)
-        except (KeyError, TypeError, ValueError) as exc:
-            notes.append(RestoreNote("a profiling", f"{type(exc).__name__}: {exc}"))
-            continue
-        profiler.profilings[profiling.key] = profiling
+def saved_profilings(store: Store) -> list[Any]:
+    """Each profiling under way, as JSON."""
+    profilings: list[Any] = store.meta(PROFILINGS_KEY, [])
+    return profilings
 
 
-def _stored_reports(store: Store, notes: list[RestoreNote]) -> dict[str, list[tuple[int, Any]]]:
+def profile_document(store: Store, sia_id: str) -> Any:
+    """The profile document job ``sia_id`` brought, or ``None``."""
+    return store.meta(PROFILE_KEY + sia_id)
+
+
+def profiling_restarts(store: Store, sia_id: str) -> int:
+    """The restarts job ``sia_id``'s profiling took (0: none, or still profiling)."""
+    return int(store.meta(PROFILING_RESTARTS_KEY + sia_id, 0) or 0)
+
+
+def stored_reports(
+    store: Store, notes: list[RestoreNote]
+) -> dict[str, list[tuple[int, MetricsReport]]]:
+    """Per job, the kept reports with the round each was ingested in, oldest first; one that
+    cannot be read is left out and noted in ``notes``."""
     by_job: dict[str, list[tuple[int, Any]]] = {}
     rows = store.conn.execute("SELECT id, sia_id, round_index, report FROM reports ORDER BY id")
     for row in rows:
@@ -272,31 +238,9 @@ def _stored_reports(store: Store, notes: list[RestoreNote]) -> dict[str, list[tu
     return by_job
 
 
-def _replay(
-    record: JobRecord, admitted_round: int | None, reports: list[tuple[int, MetricsReport]]
-) -> None:
-    """Re-feed ``reports`` as the live controller fed them: per round, then a policy-like
-    evaluation that refits what changed (the estimator refits lazily, and *when* it refits
-    decides which measurements a fit sees)."""
-    rounds = sorted({r for r, _ in reports})
-    if not rounds or admitted_round is None or rounds[0] != admitted_round:
-        _evaluate_once(record.estimator)  # the admission round's evaluation, before any report
-    for round_index in rounds:
-        for r, report in reports:
-            if r == round_index:
-                # One the live controller rejected (and logged) is rejected again here.
-                with contextlib.suppress(ValueError):
-                    record.ingest(report)
-        _evaluate_once(record.estimator)
-
-
-def _evaluate_once(estimator: JobGoodputEstimator) -> None:
-    """Evaluating any configuration refits every type with new measurements (see
-    :meth:`JobGoodputEstimator.evaluate`); the type named does not matter."""
-    estimator.evaluate([Configuration("-", 1, 1)])
-
-
-def _previous_allocation(store: Store, row: Any, policy_name: str) -> tuple[Allocation | None, str]:
+def saved_allocation(store: Store, row: Any, policy_name: str) -> tuple[bytes | None, str]:
+    """The pickled previous allocation in ``row`` if this process may load it, else ``None``
+    and why (``""``: none was saved)."""
     if row["allocation"] is None:
         return None, ""
     if row["format"] != MEMORY_FORMAT:
@@ -308,10 +252,8 @@ def _previous_allocation(store: Store, row: Any, policy_name: str) -> tuple[Allo
     unsafe = _unsafe_file(store)
     if unsafe:
         return None, unsafe
-    try:
-        return load_allocation(row["allocation"]), ""
-    except Exception as exc:  # any unpickling failure means: start fresh
-        return None, f"cannot be loaded ({type(exc).__name__}: {exc})"
+    blob: bytes = row["allocation"]
+    return blob, ""
 
 
 def _unsafe_file(store: Store) -> str:
@@ -327,8 +269,13 @@ def _unsafe_file(store: Store) -> str:
     return ""
 
 
+def log_restore_notes(notes: Iterable[RestoreNote]) -> None:
+    for note in notes:
+        logger.warning("restoring the controller: %s: %s; left out", note.what, note.reason)
+
+
 # ----------------------------------------------------------------------------------------------
-# Pickling an Allocation (its mappings are read-only proxies, which pickle cannot handle)
+# Pickling (an Allocation's mappings are read-only proxies, which pickle cannot handle)
 
 
 def _mapping_proxy(mapping: dict[Any, Any]) -> MappingProxyType[Any, Any]:
@@ -357,14 +304,14 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
 
-def dump_allocation(allocation: Allocation) -> bytes:
+def dump_pickle(obj: object) -> bytes:
+    """``obj`` pickled (read-only mappings included) for the ``controller.allocation`` BLOB."""
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=5).dump(allocation)
+    _Pickler(buffer, protocol=5).dump(obj)
     return buffer.getvalue()
 
 
-def load_allocation(blob: bytes) -> Allocation:
-    loaded = _Unpickler(io.BytesIO(blob)).load()
-    if not isinstance(loaded, Allocation):
-        raise pickle.UnpicklingError(f"expected an Allocation, got {type(loaded).__name__}")
-    return loaded
+def load_pickle(blob: bytes) -> Any:
+    """What :func:`dump_pickle` wrote; refuses any callable but sia-slurm's classes, numpy's
+    array reconstruction and plain builtins (:class:`pickle.UnpicklingError`)."""
+    return _Unpickler(io.BytesIO(blob)).load()

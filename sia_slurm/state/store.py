@@ -11,10 +11,10 @@ Tables (schema version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version``):
 * ``jobs`` — per sia job: spec, phase and its history, Slurm job id history, first start,
   finish, restarts, current configuration, and the controller's memory of it;
 * ``rounds`` / ``decisions`` — per round its timings, solve info and GPUs per type, and the
-  controller's :class:`~sia_slurm.controller.Decision` for every job;
+  controller's :class:`~sia_slurm.core.Decision` for every job;
 * ``actions`` — the journal (:mod:`sia_slurm.state.journal`);
 * ``reports`` / ``controller`` — metrics reports ingested and the policy's previous allocation
-  (:mod:`sia_slurm.state.memory`);
+  (:mod:`sia_slurm.state.memory`; :mod:`sia_slurm.service.memory` turns them into a controller);
 * ``meta`` — small key/value facts (the last round's nodes, for offline ``status``/``explain``).
 
 This module owns the connection, the schema and the ``jobs``/``rounds``/``decisions`` tables.
@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
-from sia_slurm.controller import Decision, RoundOutcome
-from sia_slurm.core import NodeView
+from sia_slurm.core import Decision, NodeView
 from sia_slurm.protocol import to_json
 from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
 
@@ -159,7 +158,7 @@ class JobRow:
 
 @dataclass(frozen=True)
 class RoundRow:
-    """One row of ``rounds``, decoded."""
+    """One row of ``rounds``: what :meth:`Store.record_round` writes, and reads back decoded."""
 
     round_index: int
     time: float
@@ -385,37 +384,31 @@ class Store:
     # ------------------------------------------------------------------------------------------
     # rounds and decisions
 
-    def record_round(
-        self,
-        outcome: RoundOutcome,
-        snapshot: ClusterSnapshot,
-        *,
-        dry_run: bool,
-        wall_time: float,
-        timings: dict[str, float],
-    ) -> None:
-        """One row of ``rounds`` and one ``decisions`` row per job (replacing a re-run round)."""
-        info = outcome.allocation.info
+    def record_round(self, row: RoundRow, decisions: Sequence[Decision]) -> None:
+        """One row of ``rounds`` and one ``decisions`` row per job (replacing a re-run round).
+
+        The caller summarises the round (:func:`sia_slurm.service.summary.round_summary`): the
+        store only writes the values it is given."""
         self.conn.execute(
             "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                outcome.round_index,
-                outcome.time,
-                wall_time,
-                int(dry_run),
-                json.dumps(timings, sort_keys=True),
-                info.status,
-                info.solve_seconds,
-                info.message,
-                json.dumps(gpus_by_type(snapshot, outcome), sort_keys=True),
-                json.dumps(jobs_by_phase(snapshot), sort_keys=True),
-                json.dumps(list(outcome.rejected)),
+                row.round_index,
+                row.time,
+                row.wall_time,
+                int(row.dry_run),
+                json.dumps(row.timings, sort_keys=True),
+                row.solve_status,
+                row.solve_seconds,
+                row.solve_message,
+                json.dumps(row.gpus, sort_keys=True),
+                json.dumps(row.jobs_by_phase, sort_keys=True),
+                json.dumps(list(row.rejected)),
             ),
         )
-        self.conn.execute("DELETE FROM decisions WHERE round_index = ?", (outcome.round_index,))
+        self.conn.execute("DELETE FROM decisions WHERE round_index = ?", (row.round_index,))
         self.conn.executemany(
             "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(outcome.round_index, *_decision_values(d)) for d in outcome.decisions],
+            [(row.round_index, *_decision_values(d)) for d in decisions],
         )
 
     def last_round(self) -> RoundRow | None:
@@ -447,35 +440,6 @@ class Store:
         self.conn.execute(
             "DELETE FROM actions WHERE round_index <= ? AND state != 'pending'", (oldest,)
         )
-
-
-# ----------------------------------------------------------------------------------------------
-# Summaries of a round (shared by the rounds table and the Prometheus file)
-
-
-def gpus_by_type(snapshot: ClusterSnapshot, outcome: RoundOutcome) -> dict[str, dict[str, int]]:
-    """Per GPU type: total and usable GPUs, GPUs the round allocated, and GPUs held now."""
-    summary: dict[str, dict[str, int]] = {}
-    for node in snapshot.nodes:
-        entry = summary.setdefault(
-            node.gpu_type, {"total": 0, "usable": 0, "allocated": 0, "in_use": 0}
-        )
-        entry["total"] += node.total_gpus
-        entry["usable"] += node.usable_gpus
-    empty = {"total": 0, "usable": 0, "allocated": 0, "in_use": 0}
-    for gpu_type, gpus in outcome.allocation.gpus_used().items():
-        summary.setdefault(gpu_type, dict(empty))["allocated"] += gpus
-    for job in snapshot.jobs:
-        if job.phase.holds_gpus and job.config is not None:
-            summary.setdefault(job.config.gpu_type, dict(empty))["in_use"] += job.config.gpus
-    return summary
-
-
-def jobs_by_phase(snapshot: ClusterSnapshot) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for job in snapshot.jobs:
-        counts[job.phase.value] = counts.get(job.phase.value, 0) + 1
-    return counts
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_document
 from sia_slurm.report import JobRow, report_from_db
 from sia_slurm.report.from_db import _DecisionPoint, goodput_pair, measured_goodput
+from sia_slurm.service.summary import record_round
 from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.state import Store
 
@@ -124,7 +125,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             outcome = controller.round(snapshot)
             with store.transaction():
                 store.record_jobs(snapshot)
-                store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+                record_round(store, outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
             decided = {d.sia_id: d for d in outcome.decisions}
             if index == 0:
                 shapes = dict(decided)

@@ -20,6 +20,7 @@ from sia_slurm.model import load_profiles  # noqa: E402
 from sia_slurm.policy.registry import make_policy  # noqa: E402
 from sia_slurm.protocol import JobSpec  # noqa: E402
 from sia_slurm.report import report_from_db  # noqa: E402
+from sia_slurm.service.summary import record_round  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402
 from tests.controller.test_profiling import NODES, measured  # noqa: E402
 
@@ -42,7 +43,7 @@ def test_the_job_table_shows_how_long_a_job_profiled(tmp_path: Path) -> None:
             outcome = controller.round(snapshot)
             with store.transaction():
                 store.record_jobs(snapshot)
-                store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+                record_round(store, outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
             for action in outcome.actions:
                 if isinstance(action, Start | Move) and action.sia_id == "new":
                     gpu_type = action.config.gpu_type

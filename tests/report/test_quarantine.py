@@ -30,6 +30,7 @@ from sia_slurm.policy.base import Allocation, NodeView, Policy, PolicyInput  # n
 from sia_slurm.policy.registry import make_policy  # noqa: E402
 from sia_slurm.protocol import JobSpec  # noqa: E402
 from sia_slurm.report import JobRow, ReportData, render_site, report_from_db  # noqa: E402
+from sia_slurm.service.summary import record_round  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402
 from tests.report.test_site import run_chromium  # noqa: E402
 
@@ -104,7 +105,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
             assert set(outcome.quarantined) == failing | set(unread)
             with store.transaction():
                 store.record_jobs(snapshot)
-                store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+                record_round(store, outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
             applied(jobs, outcome.actions)
     assert jobs["held"].phase is JobPhase.RUNNING, "held should have started in round 0"
     return path

@@ -1,4 +1,5 @@
-"""The controller's memory in the database: pickled allocations, stored reports, fallbacks."""
+"""The controller's memory between processes (sia_slurm/service/memory.py): pickled allocations,
+stored reports, fallbacks."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from sia_slurm.policy.pollux import PolluxState
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.protocol import JobSpec, MetricsReport
-from sia_slurm.state import Store, load_memory, save_memory
-from sia_slurm.state.memory import dump_allocation, load_allocation
+from sia_slurm.service.memory import dump_allocation, load_allocation, load_memory, save_memory
+from sia_slurm.service.summary import record_round
+from sia_slurm.state import Store
 
 NODES = (NodeView("a100-1", "a100", 4, 4), NodeView("t4-1", "t4", 4, 4))
 
@@ -184,7 +186,7 @@ def test_a_jobs_own_profile_and_the_last_quarantine_survive_a_restart(
     outcome = controller.round(snapshot)
     with store.transaction():
         store.record_jobs(snapshot)
-        store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+        record_round(store, outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
         save_memory(store, controller, "gavel", [report("own", 0.2)], 0, 0.0)
     restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
     assert notes == []
@@ -217,7 +219,7 @@ def test_a_profiling_under_way_survives_a_restart(factory: EstimatorFactory, sto
         outcome = controller.round(snapshot)
         with store.transaction():
             store.record_jobs(snapshot)
-            store.record_round(outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
+            record_round(store, outcome, snapshot, dry_run=False, wall_time=0.0, timings={})
             save_memory(store, controller, "sia", [], round_index, snapshot.time)
         return controller
 

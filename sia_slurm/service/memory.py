@@ -1,0 +1,247 @@
+"""The controller's memory between processes: a live :class:`~sia_slurm.controller.Controller`
+to the plain values :mod:`sia_slurm.state.memory` stores, and the stored values back to a
+controller that continues where the last process stopped.
+
+Why here, in the service: the service is what persists the controller. Every round it opens
+the controller from the state database (:func:`sia_slurm.service.build.open_controller`; with
+``controller run --once`` under cron every round is a fresh process) and saves its memory in
+the round's one commit (:mod:`sia_slurm.service.journaled_round`). The controller itself does no
+I/O and the simulator never persists it, and :mod:`sia_slurm.state` only stores and loads, so
+the code that needs both the controller and the store lives with their one user.
+
+What is rebuilt:
+
+* a remembered job's goodput model, by re-feeding its kept reports to a fresh estimator through
+  :meth:`JobRecord.ingest`, round by round, refitting after each round exactly as the live
+  controller's policy evaluation does, so the rebuilt model equals the live one (until a shape
+  has more reports than are kept: then the mean is over the latest ones); a job that brought
+  its own profile is rebuilt from the document kept with it;
+* the quarantine reasons of the last round (from its decisions), so that each is logged once
+  however many processes the rounds take;
+* the previous :class:`~sia_slurm.policy.base.Allocation`, when it may be loaded;
+* the profilings under way (:mod:`sia_slurm.controller.profiling`: the types measured, what
+  each job was given, the documents refused); a job still profiling is re-admitted into its
+  profiling at the next round;
+* the round index and the fair-share usage ledger (without it a restarted controller, and
+  ``--once`` under cron every round, would start every account's usage factor afresh).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sia_slurm.controller import Controller, JobRecord
+from sia_slurm.controller.profiling import Profiler, Profiling
+from sia_slurm.controller.quarantine import QUARANTINED
+from sia_slurm.core import Configuration
+from sia_slurm.model import JobGoodputEstimator
+from sia_slurm.policy.base import Allocation, Policy
+from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
+from sia_slurm.protocol import JobSpec, MetricsReport, ProtocolError, from_json
+from sia_slurm.state import Store
+from sia_slurm.state.memory import (
+    DEFAULT_REPORTS_PER_SHAPE,
+    USAGE_KEY,
+    ControllerMemory,
+    JobMemory,
+    RestoreNote,
+    controller_row,
+    dump_pickle,
+    load_pickle,
+    log_restore_notes,
+    profile_document,
+    profiling_restarts,
+    saved_allocation,
+    saved_profilings,
+    saved_usage,
+    stored_reports,
+    write_memory,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Saving
+
+
+def memory_of(controller: Controller) -> ControllerMemory:
+    """What is saved of ``controller``."""
+    return ControllerMemory(
+        round_index=controller.round_index,
+        jobs={
+            sia_id: JobMemory(
+                max_gpus_seen=record.max_gpus_seen,
+                reports=record.reports,
+                last_report_time=record.last_report_time,
+                profile_document=record.profile_document,
+                profiling_restarts=record.profiling_restarts,
+            )
+            for sia_id, record in controller.jobs.items()
+        },
+        usage=controller.usage.to_json(),
+        profilings=(
+            None
+            if controller.profiler is None
+            else [p.to_json() for p in controller.profiler.profilings.values()]
+        ),
+        previous=controller.previous,
+    )
+
+
+def save_memory(
+    store: Store,
+    controller: Controller,
+    policy_name: str,
+    reports: Iterable[MetricsReport],
+    round_index: int,
+    now: float,
+    *,
+    keep_per_shape: int = DEFAULT_REPORTS_PER_SHAPE,
+) -> None:
+    """Persist ``controller``'s memory after round ``round_index`` (call inside a transaction,
+    after :meth:`Store.record_jobs`, so every remembered job has its row).
+
+    ``reports`` are the snapshot's reports; those of jobs the controller remembers are the ones
+    it ingested (one it rejected is rejected again when re-fed, with the same effect).
+    """
+    write_memory(
+        store,
+        memory_of(controller),
+        policy_name,
+        reports,
+        round_index,
+        now,
+        keep_per_shape=keep_per_shape,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_memory(
+    store: Store,
+    policy: Policy,
+    policy_name: str,
+    estimator_for: Callable[[JobSpec], JobGoodputEstimator],
+    shares: SharesConfig = EQUAL_USERS,
+    profiler: Profiler | None = None,
+) -> tuple[Controller, list[RestoreNote]]:
+    """A :class:`Controller` with the site's ``shares`` holding the memory saved in ``store``
+    (fresh if there is none).
+
+    Parts that cannot be restored are left out and listed in the returned notes; a job left out
+    is simply re-admitted as new at the next round.
+    """
+    controller = Controller(policy, estimator_for, shares, profiler)
+    notes: list[RestoreNote] = []
+    row = controller_row(store)
+    if row is None:
+        return controller, notes
+    try:
+        controller.usage.restore(saved_usage(store), f"{store.path}: meta.{USAGE_KEY}")
+    except ValueError as exc:
+        notes.append(RestoreNote("usage ledger", str(exc)))
+    if profiler is not None:
+        _restore_profilings(store, profiler, notes)
+    controller.round_index = int(row["round_index"])
+    previous, why = _previous_allocation(store, row, policy_name)
+    controller.previous = previous
+    if why:
+        notes.append(RestoreNote("previous allocation", why))
+    reports = stored_reports(store, notes)
+    for job in store.jobs():
+        if not job.remembered:
+            continue
+        where = f"{store.path}: jobs.{job.sia_id}.spec"
+        try:
+            spec = from_json(JobSpec, job.spec, where)
+            document = profile_document(store, job.sia_id)
+            if document is None and profiler is not None and _profiling(spec, profiler):
+                continue  # re-admitted next round, into its profiling (restored above)
+            if document is None:
+                record = JobRecord(spec, estimator_for(spec))
+            else:
+                estimator = estimator_for(spec, document)  # type: ignore[call-arg]
+                record = JobRecord(spec, estimator, document)
+            _replay(record, job.admitted_round, reports.get(job.sia_id, []))
+        except (ProtocolError, ValueError) as exc:
+            notes.append(RestoreNote(f"job {job.sia_id}", str(exc)))
+            continue
+        record.profiling_restarts = profiling_restarts(store, job.sia_id)
+        record.max_gpus_seen = job.max_gpus_seen
+        record.reports = job.reports_seen
+        if job.last_report_time is not None:
+            record.last_report_time = job.last_report_time
+        controller.jobs[job.sia_id] = record
+    last = store.last_round()
+    if last is not None:
+        decided = store.decisions(last.round_index).items()
+        controller.quarantine_said = {s: d.note for s, d in decided if d.action == QUARANTINED}
+    log_restore_notes(notes)
+    return controller, notes
+
+
+def _profiling(spec: JobSpec, profiler: Profiler) -> bool:
+    """Whether a job was profiling (no profile of its own, no shipped app)."""
+    return not spec.profile and spec.app not in profiler.factory.profiles.apps
+
+
+def _restore_profilings(store: Store, profiler: Profiler, notes: list[RestoreNote]) -> None:
+    for data in saved_profilings(store):
+        try:
+            profiling = Profiling.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            notes.append(RestoreNote("a profiling", f"{type(exc).__name__}: {exc}"))
+            continue
+        profiler.profilings[profiling.key] = profiling
+
+
+def _replay(
+    record: JobRecord, admitted_round: int | None, reports: list[tuple[int, MetricsReport]]
+) -> None:
+    """Re-feed ``reports`` as the live controller fed them: per round, then a policy-like
+    evaluation that refits what changed (the estimator refits lazily, and *when* it refits
+    decides which measurements a fit sees)."""
+    rounds = sorted({r for r, _ in reports})
+    if not rounds or admitted_round is None or rounds[0] != admitted_round:
+        _evaluate_once(record.estimator)  # the admission round's evaluation, before any report
+    for round_index in rounds:
+        for r, report in reports:
+            if r == round_index:
+                # One the live controller rejected (and logged) is rejected again here.
+                with contextlib.suppress(ValueError):
+                    record.ingest(report)
+        _evaluate_once(record.estimator)
+
+
+def _evaluate_once(estimator: JobGoodputEstimator) -> None:
+    """Evaluating any configuration refits every type with new measurements (see
+    :meth:`JobGoodputEstimator.evaluate`); the type named does not matter."""
+    estimator.evaluate([Configuration("-", 1, 1)])
+
+
+def _previous_allocation(store: Store, row: Any, policy_name: str) -> tuple[Allocation | None, str]:
+    blob, why = saved_allocation(store, row, policy_name)
+    if blob is None:
+        return None, why
+    try:
+        return load_allocation(blob), ""
+    except Exception as exc:  # any unpickling failure means: start fresh
+        return None, f"cannot be loaded ({type(exc).__name__}: {exc})"
+
+
+# ----------------------------------------------------------------------------------------------
+# The previous allocation's BLOB (pickled by sia_slurm.state.memory)
+
+
+def dump_allocation(allocation: Allocation) -> bytes:
+    return dump_pickle(allocation)
+
+
+def load_allocation(blob: bytes) -> Allocation:
+    loaded = load_pickle(blob)
+    if not isinstance(loaded, Allocation):
+        raise pickle.UnpicklingError(f"expected an Allocation, got {type(loaded).__name__}")
+    return loaded
