@@ -18,10 +18,10 @@ import pytest
 import sia_slurm.state
 
 LOGIC = ("sia_slurm.controller", "sia_slurm.policy", "sia_slurm.model")
-# Imported transitively all the same, through sia_slurm.cluster -> sia_slurm.accounts (the site's
-# shares and limits are part of a cluster snapshot): data classes only, no solver, no fitting.
+# Imported transitively all the same, through sia_slurm.cluster -> policy.site_accounting (the
+# site's shares and limits are part of a cluster snapshot): data classes only, no solver, no fit.
 VOCABULARY = ("sia_slurm.policy", "sia_slurm.policy.base", "sia_slurm.policy.limits")
-VOCABULARY += ("sia_slurm.policy.shares",)
+VOCABULARY += ("sia_slurm.policy.shares", "sia_slurm.policy.site_accounting")
 HEAVY = ("sia_slurm.controller", "sia_slurm.model", "scipy")
 
 PACKAGE = Path(sia_slurm.state.__file__).parent
