@@ -26,6 +26,85 @@
     return value.toFixed(digits === undefined ? 2 : digits);
   }
 
+  // The unit a time axis or column uses, from the longest time it shows: minutes for a run of
+  // a few minutes (the demo's 3-minute jobs read 0.00-0.05 in hours), hours for a day or two,
+  // days beyond.
+  function timeUnit(maxSeconds) {
+    if (maxSeconds <= 2 * 3600) return { div: 60, name: "min" };
+    if (maxSeconds <= 72 * 3600) return { div: 3600, name: "h" };
+    return { div: 86400, name: "d" };
+  }
+
+  // The jobs the page shows: those of the user and account the query string names
+  // (?user=alice&account=physics; the filter bar sets it), every job without one.
+  function filterOf() {
+    const params = new URLSearchParams(window.location.search);
+    return { user: params.get("user") || "", account: params.get("account") || "" };
+  }
+
+  function shownJobs(data, filter) {
+    return (data.jobs || []).filter((j) => (!filter.user || j.user === filter.user)
+      && (!filter.account || j.account === filter.account));
+  }
+
+  function filterBar(data, filter) {
+    const jobs = data.jobs || [];
+    const bar = document.getElementById("filters");
+    const owned = jobs.some((j) => j.user || j.account);
+    if (!owned) { bar.hidden = true; return; }
+    for (const key of ["user", "account"]) {
+      const select = document.getElementById(`filter-${key}`);
+      const names = [...new Set(jobs.map((j) => j[key] || ""))].filter((n) => n).sort();
+      select.appendChild(el("option", { value: "" }, `every ${key}`));
+      for (const name of names) {
+        const option = el("option", { value: name }, name);
+        if (name === filter[key]) option.setAttribute("selected", "selected");
+        select.appendChild(option);
+      }
+      select.addEventListener("change", () => {
+        const params = new URLSearchParams(window.location.search);
+        if (select.value) params.set(key, select.value); else params.delete(key);
+        window.location.search = params.toString();
+      });
+    }
+    const shown = shownJobs(data, filter).length;
+    document.getElementById("filter-count").textContent =
+      shown === jobs.length ? `${jobs.length} jobs` : `${shown} of ${jobs.length} jobs`;
+  }
+
+  // GPU-hours per account (and its users): from each job's segments (GPUs x time it held
+  // them, as the controller granted them), and Slurm accounting's charge where there is one.
+  function accountTable(data) {
+    const jobs = data.jobs || [];
+    const section = document.getElementById("accounts");
+    if (!jobs.some((j) => j.account || j.user)) { section.hidden = true; return; }
+    const accounting = jobs.some((j) => typeof j.accounted_gpu_hours === "number");
+    const byAccount = new Map();
+    for (const j of jobs) {
+      const name = j.account || "(none)";
+      const row = byAccount.get(name) || { users: new Set(), jobs: 0, held: 0, charged: 0 };
+      if (j.user) row.users.add(j.user);
+      row.jobs += 1;
+      row.held += (j.segments || []).reduce((a, s) => a + (s.end - s.start) * s.gpus, 0) / 3600;
+      row.charged += typeof j.accounted_gpu_hours === "number" ? j.accounted_gpu_hours : 0;
+      byAccount.set(name, row);
+    }
+    const head = document.querySelector("#accounts-table thead tr");
+    if (accounting) head.appendChild(el("th", { title: "GPU-hours sacct accounted over all the account's jobs' Slurm runs" }, "GPU-h (sacct)"));
+    const tbody = document.querySelector("#accounts-table tbody");
+    const names = [...byAccount.keys()].sort((a, b) => byAccount.get(b).held - byAccount.get(a).held);
+    for (const name of names) {
+      const row = byAccount.get(name);
+      const tr = el("tr", { class: "account-row" });
+      tr.appendChild(el("td", {}, name));
+      tr.appendChild(el("td", {}, [...row.users].sort().join(", ") || "-"));
+      tr.appendChild(el("td", { class: "num" }, String(row.jobs)));
+      tr.appendChild(el("td", { class: "num" }, fmt(row.held, 3)));
+      if (accounting) tr.appendChild(el("td", { class: "num" }, fmt(row.charged, 3)));
+      tbody.appendChild(tr);
+    }
+  }
+
   function colours(types) {
     const map = {};
     types.forEach((t, i) => { map[t] = PALETTE[i % PALETTE.length]; });
@@ -93,10 +172,11 @@
     }
     const box = document.getElementById("cluster-chart");
     if (!rounds.length) { box.textContent = "no rounds recorded"; return; }
-    const hours = rounds.map((r) => r.time / 3600);
+    const unit = timeUnit(rounds[rounds.length - 1].time - rounds[0].time);
+    const hours = rounds.map((r) => r.time / unit.div);
     const total = data.gpu_types.reduce((a, t) => a + t.total, 0);
     const f = frame(box, { xDomain: [hours[0], hours[hours.length - 1]], yDomain: [0, total],
-      xLabel: "time (h)", yLabel: "GPUs", yDigits: 0 });
+      xLabel: `time (${unit.name})`, yLabel: "GPUs", yDigits: 0, xDigits: unit.div === 60 ? 1 : 2 });
     let base = rounds.map(() => 0);
     for (const t of types) {
       const top = rounds.map((r, i) => base[i] + ((r.allocated || {})[t] || 0));
@@ -109,21 +189,22 @@
     legend(box, colourOf);
   }
 
-  function timeline(data, colourOf) {
+  function timeline(jobs, colourOf) {
     const box = document.getElementById("timeline-chart");
-    const jobs = (data.jobs || []).filter((j) => (j.segments || []).length);
+    jobs = jobs.filter((j) => (j.segments || []).length);
     if (!jobs.length) { box.textContent = "no job has run yet"; return; }
     const end = Math.max(...jobs.flatMap((j) => j.segments.map((s) => s.end)));
     const start = Math.min(...jobs.map((j) => j.submit_time));
     const rowH = 10, height = Math.max(120, jobs.length * rowH + 50);
-    const f = frame(box, { height, xDomain: [start / 3600, end / 3600], yDomain: [jobs.length, 0],
-      xLabel: "time (h)", yLabel: "jobs (by submission)", yDigits: 0 });
+    const unit = timeUnit(end - start);
+    const f = frame(box, { height, xDomain: [start / unit.div, end / unit.div], yDomain: [jobs.length, 0],
+      xLabel: `time (${unit.name})`, yLabel: "jobs (by submission)", yDigits: 0, xDigits: unit.div === 60 ? 1 : 2 });
     const maxGpus = Math.max(...jobs.flatMap((j) => j.segments.map((s) => s.gpus)));
     jobs.forEach((job, i) => {
       for (const seg of job.segments) {
         const h = Math.max(2, (rowH - 2) * Math.sqrt(seg.gpus / maxGpus));
-        const rect = svgEl("rect", { x: f.sx(seg.start / 3600), y: f.sy(i + 0.5) - h / 2,
-          width: Math.max(1, f.sx(seg.end / 3600) - f.sx(seg.start / 3600)), height: h,
+        const rect = svgEl("rect", { x: f.sx(seg.start / unit.div), y: f.sy(i + 0.5) - h / 2,
+          width: Math.max(1, f.sx(seg.end / unit.div) - f.sx(seg.start / unit.div)), height: h,
           fill: colourOf[seg.gpu_type] || "#888", class: "segment" });
         rect.appendChild(svgEl("title", {}, `${job.id}: ${seg.gpus} x ${seg.gpu_type}`));
         f.svg.appendChild(rect);
@@ -138,10 +219,11 @@
   // than the field, has no number for any job) and "note" (why a job is in its state: the
   // controller's "<stage>: <why>" for a job quarantined in the last round); and "profiling
   // (min)" when some job profiled its model.
-  function jobTable(data) {
+  function jobTable(jobs) {
     const tbody = document.querySelector("#jobs-table tbody");
     const head = document.querySelector("#jobs-table thead tr");
-    const jobs = data.jobs || [];
+    const owned = jobs.some((j) => j.user || j.account);
+    const jctUnit = timeUnit(Math.max(0, ...jobs.map((j) => j.jct_s || 0)));
     const accounting = jobs.some((j) => typeof j.accounted_gpu_hours === "number");
     const notes = jobs.some((j) => j.note);
     const profiled = jobs.some((j) => typeof j.profiling_s === "number");
@@ -155,8 +237,15 @@
       { value: (j) => j.gpus || 0, digits: 0 }, { value: (j) => j.batch_size || 0, digits: 0 },
       { value: (j) => j.goodput_predicted, digits: 2 }, { value: (j) => j.goodput_measured, digits: 2 },
       { value: (j) => j.restarts || 0, digits: 0 },
-      { value: (j) => (j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / 3600), digits: 2 },
+      { value: (j) => (j.jct_s === null || j.jct_s === undefined ? null : j.jct_s / jctUnit.div), digits: 2 },
     ];
+    document.getElementById("jct-header").textContent = `JCT (${jctUnit.name})`;
+    if (owned) {
+      head.appendChild(el("th", { class: "owner" }, "user"));
+      columns.push({ value: (j) => j.user || "-" });
+      head.appendChild(el("th", { class: "owner" }, "account"));
+      columns.push({ value: (j) => j.account || "-" });
+    }
     if (profiled) {
       head.appendChild(el("th", { class: "profiling", title: "minutes the job spent profiling its model on each GPU type (docs/profiling.md)" }, "profiling (min)"));
       columns.push({ value: (j) => (typeof j.profiling_s === "number" ? j.profiling_s / 60 : null), digits: 1, cls: "num profiling" });
@@ -193,11 +282,13 @@
     });
   }
 
-  function jctCdf(data) {
+  function jctCdf(jobs) {
     const box = document.getElementById("jct-chart");
-    const jcts = (data.jobs || []).map((j) => j.jct_s).filter((v) => typeof v === "number").map((v) => v / 3600).sort((a, b) => a - b);
-    if (!jcts.length) { box.textContent = "no job has finished yet"; return; }
-    const f = frame(box, { xDomain: [0, jcts[jcts.length - 1]], yDomain: [0, 1], xLabel: "JCT (h)", yLabel: "fraction of jobs" });
+    const seconds = jobs.map((j) => j.jct_s).filter((v) => typeof v === "number");
+    if (!seconds.length) { box.textContent = "no job has finished yet"; return; }
+    const unit = timeUnit(Math.max(...seconds));
+    const jcts = seconds.map((v) => v / unit.div).sort((a, b) => a - b);
+    const f = frame(box, { xDomain: [0, jcts[jcts.length - 1]], yDomain: [0, 1], xLabel: `JCT (${unit.name})`, yLabel: "fraction of jobs" });
     const pts = jcts.map((v, i) => `${f.sx(v)},${f.sy((i + 1) / jcts.length)}`);
     f.svg.appendChild(svgEl("polyline", { points: `${f.sx(0)},${f.sy(0)} ` + pts.join(" "), fill: "none", stroke: PALETTE[0], "stroke-width": 2, class: "cdf" }));
   }
@@ -217,11 +308,15 @@
     const data = window.SIA_REPORT;
     if (!data) throw new Error("data.js did not define window.SIA_REPORT");
     const colourOf = colours(data.gpu_types.map((t) => t.name));
+    const filter = filterOf();
+    const jobs = shownJobs(data, filter);
     summary(data);
+    filterBar(data, filter);
     clusterView(data, colourOf);
-    timeline(data, colourOf);
-    jobTable(data);
-    jctCdf(data);
+    accountTable(data);
+    timeline(jobs, colourOf);
+    jobTable(jobs);
+    jctCdf(jobs);
     solveTimes(data);
     document.body.setAttribute("data-rendered", "yes");
   }

@@ -297,6 +297,8 @@ def _job_row(
         jct_s=None if finish is None or job.phase != "done" else finish - submit,
         segments=segments_from_decisions(decisions, segment_end, origin),
         profiling_s=profiling_time(decisions),
+        user=job.user,
+        account=job.account,
     )
 
 

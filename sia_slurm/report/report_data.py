@@ -80,6 +80,10 @@ class JobRow:
     note: str = ""
     # Seconds the job spent profiling its model (docs/profiling.md); None: it never did
     profiling_s: float | None = None
+    # Whose job it is, as Slurm says ('' where not known: a simulation, a database of before
+    # schema 3 until the job's next snapshot); the site filters and sums GPU-hours by them.
+    user: str = ""
+    account: str = ""
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,24 @@ from sia_slurm.core import Decision, NodeView
 from sia_slurm.protocol import to_json
 from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 logger = logging.getLogger(__name__)
 GONE = "gone"  # jobs.phase of a job that left the snapshots without finishing
 DEFAULT_KEEP_ROUNDS = 7 * 24 * 60  # a week of 60 s rounds of history (decisions, done actions)
+
+# The statements that take a database of version N to N + 1 (index N - 1), each in place.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 2: a decision keeps its predicted throughput apart from its goodput (Decision.throughput);
+    # the rounds decided before read 0 there, "not kept".
+    ("ALTER TABLE decisions ADD COLUMN throughput REAL NOT NULL DEFAULT 0",),
+    # 3: whose job it is, as Slurm says (the dashboard's user and account): jobs seen before
+    # read '' until their next snapshot.
+    (
+        "ALTER TABLE jobs ADD COLUMN user TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN account TEXT NOT NULL DEFAULT ''",
+    ),
+)
+assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -63,7 +77,9 @@ CREATE TABLE jobs (
     admitted_round INTEGER,
     max_gpus_seen INTEGER NOT NULL DEFAULT 0,
     reports_seen INTEGER NOT NULL DEFAULT 0,
-    last_report_time REAL
+    last_report_time REAL,
+    user TEXT NOT NULL DEFAULT '',
+    account TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE rounds (
     round_index INTEGER PRIMARY KEY,
@@ -154,6 +170,8 @@ class JobRow:
     max_gpus_seen: int
     reports_seen: int
     last_report_time: float | None
+    user: str = ""  # Slurm's user and account of the job ('' before schema 3's first sight)
+    account: str = ""
 
 
 @dataclass(frozen=True)
@@ -230,12 +248,10 @@ class Store:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         self.conn.execute(statement)
-            elif version == 1:
-                # Version 2: a decision keeps its predicted throughput apart from its goodput
-                # (Decision.throughput); the rounds decided before read 0 there, "not kept".
-                self.conn.execute(
-                    "ALTER TABLE decisions ADD COLUMN throughput REAL NOT NULL DEFAULT 0"
-                )
+            else:
+                for step in _MIGRATIONS[version - 1 :]:
+                    for statement in step:
+                        self.conn.execute(statement)
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @property
@@ -328,6 +344,8 @@ class Store:
             "batch": json.dumps(batch_to_json(job.batch)) if holds else None,
             "message": job.message,
             "last_seen": now,
+            "user": job.user,
+            "account": job.account,
         }
         columns = ", ".join(values)
         updates = ", ".join(f"{k} = excluded.{k}" for k in values if k != "sia_id")
@@ -471,6 +489,8 @@ def _job_row(row: sqlite3.Row) -> JobRow:
         max_gpus_seen=row["max_gpus_seen"],
         reports_seen=row["reports_seen"],
         last_report_time=row["last_report_time"],
+        user=row["user"],
+        account=row["account"],
     )
 
 

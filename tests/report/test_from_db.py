@@ -52,7 +52,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> SiaConfig:
     config = load_config(write_config(directory))
     cluster = FakeCluster(None, time=T0, restart_delay=20.0)
     for i, (app, work) in enumerate((("cifar10", 3e5), ("cifar10", 6e5), ("bert", 2e4))):
-        cluster.submit(JobSpec(f"job{i}", app, init_batch_size=0, submit_time=T0), work)
+        owner = ("alice", "physics") if i < 2 else ("bob", "biology")
+        cluster.submit(JobSpec(f"job{i}", app, init_batch_size=0, submit_time=T0), work, *owner)
     with Store.open(config.db_path) as store:
         for index in range(40):
             if index == 2:
@@ -118,6 +119,16 @@ def test_rows_rounds_and_segments_follow_the_database(finished_run: SiaConfig) -
     assert without["job0"].goodput_measured is None  # the database alone
     summary = dict(data.summary)
     assert summary["jobs"] == "4/4 done" and "avg JCT" in summary and "makespan" in summary
+
+
+def test_each_job_shows_whose_it_is_as_slurm_said(finished_run: SiaConfig) -> None:
+    owners = {job.id: (job.user, job.account) for job in report_from_db(finished_run.db_path).jobs}
+    assert owners == {
+        "job0": ("alice", "physics"),
+        "job1": ("alice", "physics"),
+        "job2": ("bob", "biology"),
+        "late": ("", ""),
+    }
 
 
 def test_measured_goodput_is_throughput_times_efficiency() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,11 @@ def test_site_loads_without_console_errors(tmp_path: Path) -> None:
     assert dom.count('class="segment"') == 5
     assert 'class="cdf"' in dom
     headers = len(re.findall(r"<th[ >]", dom))  # the goodput headers carry a title
-    assert "GPU-h (sacct)" not in dom and headers == 10 + 5  # jobs + cluster tables
+    # jobs + cluster tables, and the accounts table's, hidden: no job has a user or account
+    assert "GPU-h (sacct)" not in dom and headers == 10 + 5 + 4
+    assert re.search(r'<section id="accounts" hidden', dom)
+    assert re.search(r'<form id="filters"[^>]* hidden', dom)
+    assert "time (min)" in dom  # 12 rounds of 60 s: minutes, not 0.00-0.18 h
     console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
     assert console == [], console
     screenshot = tmp_path / "shot.png"
@@ -123,3 +128,48 @@ def test_non_finite_numbers_become_null() -> None:
         (JobRow(row.id, row.app, row.state, 0.0, goodput_predicted=float("inf")),),
     )
     assert bad.to_json()["jobs"][0]["goodput_predicted"] is None
+
+
+def owned_sample() -> ReportData:
+    """Four jobs of two users in two accounts, one with Slurm accounting's charge, over 3 days."""
+    base = sample(4)
+    owners = [("alice", "physics"), ("bob", "physics"), ("carol", "biology"), ("alice", "physics")]
+    jobs = tuple(
+        replace(
+            job,
+            user=user,
+            account=account,
+            segments=(Segment(3600.0 * 30 * i, 3600.0 * 30 * i + 7200, "a100", 2 + i),),
+            accounted_gpu_hours=5.0 if i == 0 else 0.0,
+        )
+        for i, (job, (user, account)) in enumerate(zip(base.jobs, owners, strict=True))
+    )
+    return replace(base, jobs=jobs)
+
+
+def test_jobs_filter_by_user_and_account_and_gpu_hours_sum_per_account(tmp_path: Path) -> None:
+    """Issue 36: each job shows its user and account, the page filters by them (the query
+    string, which the filter bar sets), GPU-hours are summed per account, and the time axes use
+    the run's own scale (days for a 3-day run)."""
+    index = render_site(owned_sample(), tmp_path / "site")
+    whole = run_chromium("--dump-dom", index.as_uri())
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    dom = whole.stdout
+    assert 'data-rendered="yes"' in dom
+    assert dom.count('class="job-row"') == 4
+    assert '<th class="owner">user</th>' in dom and "4 jobs" in dom
+    accounts = re.findall(r'<tr class="account-row">(.*?)</tr>', dom)
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in accounts]
+    # held GPU-hours: 2 h x (2 + 3 + 5) GPUs for physics (jobs 0, 1, 3), 2 h x 4 for biology
+    assert cells == [
+        ["physics", "alice, bob", "3", "20.000", "5.000"],
+        ["biology", "carol", "1", "8.000", "0.000"],
+    ]
+    assert "time (d)" in dom
+    physics = run_chromium("--dump-dom", index.as_uri() + "?account=physics&user=alice")
+    dom = physics.stdout
+    assert dom.count('class="job-row"') == 2, dom[-3000:]
+    assert "2 of 4 jobs" in dom
+    assert dom.count('class="segment"') == 2
+    assert re.search(r'<option value="alice" selected', dom)
+    assert len(re.findall(r'<tr class="account-row">', dom)) == 2  # the accounts: every job

@@ -80,6 +80,8 @@ class FakeJob:
     ready_at: float = 0.0  # STARTING -> RUNNING at this time
     finish_time: float | None = None
     slurm_job_id: str = ""
+    user: str = ""  # whose job, as Slurm would say
+    account: str = ""
 
 
 @dataclass
@@ -102,9 +104,11 @@ class FakeCluster:
 
     # -- the test's side --------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, work: float = 2e5) -> None:
+    def submit(self, spec: JobSpec, work: float = 2e5, user: str = "", account: str = "") -> None:
         self._load()
-        self.jobs[spec.sia_id] = FakeJob(spec, work, slurm_job_id=str(self.next_id))
+        self.jobs[spec.sia_id] = FakeJob(
+            spec, work, slurm_job_id=str(self.next_id), user=user, account=account
+        )
         self.next_id += 1
         self._save()
 
@@ -181,6 +185,8 @@ class FakeCluster:
                     restarts=job.restarts,
                     finish_time=job.finish_time,
                     slurm_job_id=job.slurm_job_id,
+                    user=job.user,
+                    account=job.account,
                 )
             )
             if phase is JobPhase.RUNNING:
@@ -314,6 +320,8 @@ def _job_json(job: FakeJob) -> dict[str, Any]:
         "ready_at": job.ready_at,
         "finish_time": job.finish_time,
         "slurm_job_id": job.slurm_job_id,
+        "user": job.user,
+        "account": job.account,
     }
 
 
@@ -332,6 +340,8 @@ def _job_from_json(item: dict[str, Any]) -> FakeJob:
         ready_at=item["ready_at"],
         finish_time=item["finish_time"],
         slurm_job_id=item["slurm_job_id"],
+        user=item.get("user", ""),
+        account=item.get("account", ""),
     )
 
 

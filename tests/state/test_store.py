@@ -70,31 +70,60 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         Store.open(path)
 
 
-def test_schema_1_gains_the_decisions_throughput(tmp_path: Path) -> None:
-    """A database of schema 1 (decisions without ``throughput``, issue 34) is upgraded in
-    place: its decisions read 0 there ("not kept"), and the table has a new one's columns,
-    so the rounds recorded from now on insert as into a new database."""
+_THROUGHPUT = "    throughput REAL NOT NULL DEFAULT 0,\n"
+_OWNER = (
+    "    last_report_time REAL,\n"
+    "    user TEXT NOT NULL DEFAULT '',\n"
+    "    account TEXT NOT NULL DEFAULT ''\n"
+)
+
+
+def _old_database(path: Path, version: int) -> None:
+    """A database as sia-slurm wrote it at schema ``version`` (1: decisions without
+    ``throughput``; 2: jobs without ``user`` and ``account``)."""
     from sia_slurm.state.store import _SCHEMA
 
+    assert _THROUGHPUT in _SCHEMA and _OWNER in _SCHEMA
+    schema = _SCHEMA.replace(_OWNER, "    last_report_time REAL\n")
+    if version == 1:
+        schema = schema.replace(_THROUGHPUT, "")
+    with sqlite3.connect(path) as conn:
+        conn.executescript(schema)
+        conn.execute(f"PRAGMA user_version={version}")
+
+
+def _columns(store: Store, table: str) -> list[tuple[object, ...]]:
+    return [tuple(c) for c in store.conn.execute(f"PRAGMA table_info({table})").fetchall()]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_schema_is_upgraded_in_place_to_a_new_ones_tables(
+    tmp_path: Path, version: int
+) -> None:
+    """Schema 1 (decisions without ``throughput``, issue 34) and 2 (jobs without the user and
+    account, issue 36) are upgraded in place: what was kept stays, the new columns read their
+    defaults ("not kept"), and every table has a new database's columns, so rows recorded from
+    now on insert as into a new database."""
     old = tmp_path / "old.db"
+    _old_database(old, version)
     with sqlite3.connect(old) as conn:
-        line = "    throughput REAL NOT NULL DEFAULT 0,\n"
-        assert line in _SCHEMA
-        conn.executescript(_SCHEMA.replace(line, ""))
-        conn.execute("PRAGMA user_version=1")
+        values = "(3, 'j1', 'running', 'keep', 'a100:1x2', 'a100:1x2', 256, 128, 0, 1234.5, ''"
+        conn.execute(f"INSERT INTO decisions VALUES {values}{', 99.0' if version > 1 else ''})")
         conn.execute(
-            "INSERT INTO decisions VALUES (3, 'j1', 'running', 'keep', 'a100:1x2', 'a100:1x2', "
-            "256, 128, 0, 1234.5, '')"
+            "INSERT INTO jobs (sia_id, spec, phase, phase_history, slurm_job_ids) "
+            "VALUES ('j1', '{}', 'running', '[]', '[]')"
         )
     with Store.open(old, create=False) as store:
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION == 3
         decision = store.decisions(3)["j1"]
         assert (decision.after, decision.local_bsz, decision.goodput) == ("a100:1x2", 128, 1234.5)
-        assert decision.throughput == 0.0
-        migrated = store.conn.execute("PRAGMA table_info(decisions)").fetchall()
+        assert decision.throughput == (0.0 if version == 1 else 99.0)
+        (job,) = store.jobs(["j1"])
+        assert (job.phase, job.user, job.account) == ("running", "", "")
+        migrated = {table: _columns(store, table) for table in ("jobs", "decisions")}
     with Store.open(tmp_path / "new.db") as fresh:
-        created = fresh.conn.execute("PRAGMA table_info(decisions)").fetchall()
-    assert [tuple(c) for c in migrated] == [tuple(c) for c in created]
+        created = {table: _columns(fresh, table) for table in ("jobs", "decisions")}
+    assert migrated == created
 
 
 def test_missing_database_without_create(tmp_path: Path) -> None:
