@@ -77,6 +77,7 @@ from launcher.runs import (
     stopped_on_request,
     superseded_by,
 )
+from sia_slurm import __version__
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.config import ConfigError, SiaConfig, load_config, resolve_config_path
 from sia_slurm.model.profile import (
@@ -490,6 +491,7 @@ def _profile_batch_limits(spec: JobSpec) -> tuple[int, int]:
 
 
 @click.command(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, prog_name="sia-launch")
 @click.option(
     "--config",
     "config_path",

@@ -30,6 +30,7 @@ from pathlib import Path
 import click
 
 import launcher
+from sia_slurm import __version__
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.config import ConfigError, SiaConfig, load_config, resolve_config_path
 from sia_slurm.core import JobKind
@@ -471,6 +472,7 @@ def submit(
         "allow_extra_args": True,
     }
 )
+@click.version_option(__version__, prog_name="sia-sbatch")
 @click.option(
     "--config",
     "config_path",
