@@ -152,11 +152,13 @@ def test_two_replicas_on_a_slow_type_keep_training() -> None:
         gpu_type="rtx", profile_gpu_type="rtx", nodes=1, gpus=2, batch_size=64, local_bsz=32,
         accum_steps=0, init_batch_size=64, max_batch_size=512, launch_round=0,
     )  # fmt: skip
+    # 24 steps: past the 17 at which the growing sleeps stopped it; 300 s: two ranks of a
+    # transformer on a machine at load 16 took over 120 s for 40 steps
     command = [sys.executable, "-m", "launcher.examples.transformer", "--epochs", "1000",
-               "--max-steps", "40", "--dataset-size", "512"]  # fmt: skip
+               "--max-steps", "24", "--dataset-size", "512"]  # fmt: skip
     os.environ[devspeed.SPEED_VARIABLE] = "rtx=0.35"
     try:
-        assert run_two_ranks(command, env, 120) == [0, 0]
+        assert run_two_ranks(command, env, 300) == [0, 0]
     finally:
         del os.environ[devspeed.SPEED_VARIABLE]
         shutil.rmtree(work, ignore_errors=True)
@@ -246,8 +248,8 @@ def test_factor_one_half_sleeps_each_steps_compute_and_reports_the_last_micro_ba
     make_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """An a100 job at factor 0.5, two micro-batches a step of at least COMPUTE_S of CPU each:
-    every step sleeps at least its two micro-batches' compute, its reported step time grows by
-    at least the last one's, and the gradient all-reduce (sync) is not stretched. Only lower
+    every step sleeps at least its two micro-batches' compute and its reported step time grows
+    by at least the last one's. Only lower
     bounds on times, so that a loaded machine cannot fail it: the sleep is bounded by the CPU
     time, which the busy loop guarantees, while the wall time grows with the load (a ratio of
     two runs' wall times failed CI at 1.56 with three pytest sessions on two cores)."""
@@ -265,8 +267,10 @@ def test_factor_one_half_sleeps_each_steps_compute_and_reports_the_last_micro_ba
     assert slept and set(slept) == {0.0}  # no variable: full speed
     slept.clear()
     monkeypatch.setenv(devspeed.SPEED_VARIABLE, "a100=0.5,t4=0.25")
-    step_time, sync_time, wall = _mean_step(make_env(checkpoint_dir=tmp_path / "slow", **options))
+    step_time, _, wall = _mean_step(make_env(checkpoint_dir=tmp_path / "slow", **options))
     assert len(slept) == 3 and min(slept) >= 2 * COMPUTE_S, slept  # (1/0.5 - 1) x >= 2 x COMPUTE_S
     assert step_time >= 2 * COMPUTE_S  # its own compute, then as long again
     assert wall >= 4 * COMPUTE_S  # two micro-batches, then as long again
-    assert sync_time < COMPUTE_S  # stretched, it would be at least COMPUTE_S
+    # That the all-reduce's wait (the sync time) is not stretched is checked exactly with a
+    # fake clock (test_a_step_sleeps_its_whole_compute_and_reports_the_last_micro_batch_share):
+    # here it is a wall time, 38 ms once for a 1-process all-reduce on a machine at load 16.
