@@ -1,4 +1,4 @@
-"""Run a benchmark with single-threaded OpenBLAS, as the CLI does (``sia_slurm/cli/__init__.py``).
+"""Run a benchmark with single-threaded OpenBLAS, as the CLI does (``sia_slurm/clicommon.py``).
 
 The variable must be set before numpy loads, and a benchmark imports numpy at its top, so
 :func:`single_threaded` re-executes the script with ``OPENBLAS_NUM_THREADS=1`` when it is unset.

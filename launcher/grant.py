@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sia_slurm.config import SiaConfig
+from sia_slurm.job_settings import JobSiteSettings
 from sia_slurm.protocol import (
     Assignment,
     ProtocolError,
@@ -80,15 +80,15 @@ class SlurmAllocation:
 def check_allocation(
     assignment: Assignment,
     allocation: SlurmAllocation,
-    config: SiaConfig,
+    settings: JobSiteSettings,
     hostnames: Sequence[str] | None = None,
 ) -> None:
     """Raise :class:`LaunchError` (exit 3) listing every way the allocation differs."""
     where = "assignment.json"
     problems = []
-    partition = next((p for p in config.partitions if p.name == allocation.partition), None)
+    partition = settings.partitions.get(allocation.partition)
     if partition is None:
-        known = ", ".join(p.name for p in config.partitions)
+        known = ", ".join(settings.partitions)
         problems.append(
             f"SLURM_JOB_PARTITION={allocation.partition} is not a partition of the config ({known})"
         )
@@ -137,7 +137,7 @@ def await_grant(
     paths: StatePaths,
     sia_id: str,
     allocation: SlurmAllocation,
-    config: SiaConfig,
+    settings: JobSiteSettings,
     hostnames: Sequence[str],
     wait_s: float,
     *,
@@ -168,7 +168,7 @@ def await_grant(
                     raise LaunchError(
                         f"{paths.assignment(sia_id)}: sia_id is {assignment.sia_id!r}"
                     )
-                check_allocation(assignment, allocation, config, hostnames)
+                check_allocation(assignment, allocation, settings, hostnames)
                 return assignment
             except (ProtocolError, LaunchError) as exc:
                 problem = str(exc)

@@ -77,9 +77,14 @@ from launcher.runs import (
     stopped_on_request,
     superseded_by,
 )
+from launcher.settings import (
+    ConfigError,
+    JobSiteSettings,
+    load_job_settings,
+    resolve_config_path,
+)
 from sia_slurm import __version__
-from sia_slurm.cli import CONTEXT_SETTINGS
-from sia_slurm.config import ConfigError, SiaConfig, load_config, resolve_config_path
+from sia_slurm.clicommon import CONTEXT_SETTINGS, single_threaded_blas
 from sia_slurm.model.profile import (
     GPU_TYPES_FILE,
     ProfileError,
@@ -99,6 +104,10 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
+
+# As every sia-slurm program: OPENBLAS_NUM_THREADS=1 unless set, for the job's workers too
+# (they inherit this process's environment).
+single_threaded_blas()
 
 logger = logging.getLogger("sia-launch")
 STOPPED = "stopped on the controller's request"  # the message of a stopped run's record
@@ -182,24 +191,23 @@ def job_environment(
     spec: JobSpec,
     assignment: Assignment,
     allocation: SlurmAllocation,
-    config: SiaConfig,
+    settings: JobSiteSettings,
     environ: Mapping[str, str],
     hostnames: Sequence[str] = (),
 ) -> JobEnvironment:
     """The ``SIA_*`` variables for the workers (``hostnames``: the run's nodes, expanded)."""
-    profile_types = {gpu.name: gpu.profile for gpu in config.gpu_types}
     init_batch, max_batch = spec.init_batch_size, spec.max_batch_size
     if not init_batch or not max_batch:
         init_batch, max_batch = _profile_batch_limits(spec)
-    paths = StatePaths(config.state_dir)
+    paths = StatePaths(settings.state_dir)
     checkpoint_dir = spec.checkpoint_dir or str(paths.job_dir(spec.sia_id) / "checkpoints")
     return JobEnvironment(
         sia_id=spec.sia_id,
-        state_dir=config.state_dir,
+        state_dir=settings.state_dir,
         checkpoint_dir=Path(checkpoint_dir),
         app=spec.app,
         gpu_type=assignment.gpu_type,
-        profile_gpu_type=profile_types.get(assignment.gpu_type, assignment.gpu_type),
+        profile_gpu_type=settings.profile_key(assignment.gpu_type),
         nodes=assignment.nodes,
         gpus=assignment.gpus,
         batch_size=assignment.batch_size,
@@ -274,14 +282,14 @@ class _Child:
                     on_terminate()
 
 
-def launch(config: SiaConfig, sia_id: str, environ: Mapping[str, str]) -> int:
+def launch(settings: JobSiteSettings, sia_id: str, environ: Mapping[str, str]) -> int:
     """Check, start and supervise one run of the job; the process exit status. How the run
     ended is left in ``jobs/<id>/exit-<run>.json`` (:class:`RunExit`) for the controller,
     which brings back a run that did not fail by itself (``docs/protocol.md``)."""
-    paths = StatePaths(config.state_dir)
+    paths = StatePaths(settings.state_dir)
     allocation = SlurmAllocation.from_env(environ)
     try:
-        status, cause, message = _launch(config, paths, sia_id, allocation, environ)
+        status, cause, message = _launch(settings, paths, sia_id, allocation, environ)
     except LaunchError as exc:
         cause = ExitCause.REFUSED if exc.status == EXIT_MISMATCH else ExitCause.INVALID
         record_exit(paths, sia_id, allocation, cause, exc.status, str(exc))
@@ -318,7 +326,7 @@ def record_exit(
 
 
 def _launch(
-    config: SiaConfig,
+    settings: JobSiteSettings,
     paths: StatePaths,
     sia_id: str,
     allocation: SlurmAllocation,
@@ -335,9 +343,9 @@ def _launch(
         address = node_address(runner, hostnames[0])
     except (CommandError, IndexError) as exc:
         raise LaunchError(f"cannot resolve the job's nodes: {exc}", EXIT_MISMATCH) from None
-    wait_s = _seconds(environ, "mismatch_wait_s", max(3 * config.round_seconds, 60.0))
-    assignment = await_grant(paths, sia_id, allocation, config, hostnames, wait_s)
-    job = job_environment(spec, assignment, allocation, config, environ, hostnames)
+    wait_s = _seconds(environ, "mismatch_wait_s", max(3 * settings.round_seconds, 60.0))
+    assignment = await_grant(paths, sia_id, allocation, settings, hostnames, wait_s)
+    job = job_environment(spec, assignment, allocation, settings, environ, hostnames)
     python, command = split_command(spec.command, sys.executable)
     # A random start: two jobs relaunched at once on one node, both starting from the job id,
     # walked past the same busy ports to the same free one (seen on 26.05 in the fidelity run:
@@ -513,8 +521,8 @@ def cli(config_path: Path | None, sia_id: str) -> None:
         level=logging.INFO, format="%(asctime)s sia-launch %(levelname)s %(message)s"
     )
     try:
-        config = load_config(resolve_config_path(config_path))
-        status = launch(config, sia_id, dict(os.environ))
+        settings = load_job_settings(resolve_config_path(config_path))
+        status = launch(settings, sia_id, dict(os.environ))
     except ConfigError as exc:
         click.echo(f"sia-launch: {exc}", err=True)
         sys.exit(EXIT_USAGE)

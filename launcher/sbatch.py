@@ -30,9 +30,14 @@ from pathlib import Path
 import click
 
 import launcher
+from launcher.settings import (
+    ConfigError,
+    JobSiteSettings,
+    load_job_settings,
+    resolve_config_path,
+)
 from sia_slurm import __version__
-from sia_slurm.cli import CONTEXT_SETTINGS
-from sia_slurm.config import ConfigError, SiaConfig, load_config, resolve_config_path
+from sia_slurm.clicommon import CONTEXT_SETTINGS, single_threaded_blas
 from sia_slurm.core import JobKind
 from sia_slurm.model.profile import (
     GPU_TYPES_FILE,
@@ -60,6 +65,9 @@ from sia_slurm.safefiles import (
     write_text_atomic,
 )
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
+
+# As every sia-slurm program: OPENBLAS_NUM_THREADS=1 unless set (sbatch passes it on to the job).
+single_threaded_blas()
 
 EXIT_USAGE = 2
 EXIT_SUBMIT = 1
@@ -274,7 +282,7 @@ def check_gpu_counts(options: SubmitOptions) -> int:
 
 
 def type_problems(
-    config: SiaConfig,
+    settings: JobSiteSettings,
     profile: AppProfile | None,
     options: SubmitOptions,
     gpus: int,
@@ -282,12 +290,11 @@ def type_problems(
     max_batch: int,
 ) -> dict[str, str | None]:
     """For each configured GPU type: ``None`` if the job can run on it, else why not."""
-    profile_keys = {gpu.name: gpu.profile for gpu in config.gpu_types}
     fixed = options.kind in (JobKind.STRONG_SCALING, JobKind.RIGID, JobKind.PINNED)
     largest = init_batch if fixed else max_batch
     problems: dict[str, str | None] = {}
-    for partition in config.partitions:
-        key = profile_keys.get(partition.gpu_type, partition.gpu_type)
+    for partition in settings.partitions.values():
+        key = settings.profile_key(partition.gpu_type)
         per_node = partition.gpus_per_node
         if profile is None:  # profiled first, on one GPU of each type
             problems[partition.gpu_type] = (
@@ -315,7 +322,7 @@ def type_problems(
 
 
 def choose_placement(
-    config: SiaConfig, problems: dict[str, str | None], gpu_type: str | None, gpus: int
+    settings: JobSiteSettings, problems: dict[str, str | None], gpu_type: str | None, gpus: int
 ) -> Placement:
     """The partition to submit to (the requested type, else the first valid one)."""
     if gpu_type is not None:
@@ -331,7 +338,7 @@ def choose_placement(
         reasons = "; ".join(f"{name}: {problem}" for name, problem in problems.items())
         raise UsageError(f"the batch sizes fit no GPU type ({reasons})")
     chosen = gpu_type or valid[0]
-    partition = config.partition_of(chosen)
+    partition = settings.partition_of(chosen)
     per_node = min(gpus, partition.gpus_per_node)
     return Placement(partition.name, chosen, gpus // per_node, per_node)
 
@@ -386,7 +393,7 @@ def sbatch_argv(
 
 
 def submit(
-    config: SiaConfig,
+    settings: JobSiteSettings,
     config_path: Path,
     options: SubmitOptions,
     user_args: Sequence[str],
@@ -408,10 +415,10 @@ def submit(
         else b""
     )
     init_batch, max_batch = resolve_batch(options, profile)
-    problems = type_problems(config, profile, options, gpus, init_batch, max_batch)
-    placement = choose_placement(config, problems, options.gpu_type, gpus)
+    problems = type_problems(settings, profile, options, gpus, init_batch, max_batch)
+    placement = choose_placement(settings, problems, options.gpu_type, gpus)
     sia_id = new_sia_id()
-    paths = StatePaths(config.state_dir)
+    paths = StatePaths(settings.state_dir)
     checkpoint_dir = options.checkpoint_dir or paths.job_dir(sia_id) / "checkpoints"
     try:
         spec = JobSpec(
@@ -456,7 +463,7 @@ def submit(
     except OSError as exc:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise UsageError(f"cannot write into {job_dir}: {exc.strerror or exc}") from None
-    argv = sbatch_argv(user_args, placement, config.managed_marker, sia_id, app, script)
+    argv = sbatch_argv(user_args, placement, settings.managed_marker, sia_id, app, script)
     try:
         result = runner.run(argv)
     except BaseException:
@@ -542,7 +549,7 @@ def cli(ctx: click.Context, config_path: Path | None, parsable: bool, **values: 
     command: tuple[str, ...] = tuple(ctx.obj or ())
     try:
         path = resolve_config_path(config_path)
-        config = load_config(path)
+        settings = load_job_settings(path)
         options = SubmitOptions(
             app=values["app"],  # type: ignore[arg-type]
             profile_dir=values["profile_dir"],  # type: ignore[arg-type]
@@ -558,7 +565,7 @@ def cli(ctx: click.Context, config_path: Path | None, parsable: bool, **values: 
             command=command,
             max_failures=values["max_failures"],  # type: ignore[arg-type]
         )
-        sia_id, stdout = submit(config, path, options, ctx.args, SubprocessRunner())
+        sia_id, stdout = submit(settings, path, options, ctx.args, SubprocessRunner())
     except ConfigError as exc:
         click.echo(f"sia-sbatch: {exc}", err=True)
         sys.exit(EXIT_USAGE)

@@ -27,7 +27,14 @@ def imported_after(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["launcher.launch", "launcher.examples.emulated", "sia_slurm.config"]
+    "module",
+    [
+        "launcher.launch",
+        "launcher.sbatch",
+        "launcher.examples.emulated",
+        "sia_slurm.config",
+        "sia_slurm.job_settings",
+    ],
 )
 def test_job_side_modules_do_not_import_the_heavy_stacks(module: str) -> None:
     loaded = imported_after(module)

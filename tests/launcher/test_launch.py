@@ -30,7 +30,7 @@ from launcher.launch import (
     worker_environment,
 )
 from launcher.runs import TrainingRecord, mark_task, write_training
-from sia_slurm.config import SiaConfig, load_config
+from launcher.settings import JobSiteSettings, load_job_settings
 from sia_slurm.protocol import (
     Assignment,
     JobSpec,
@@ -85,10 +85,10 @@ def test_allocation_is_read_from_the_launch_environment() -> None:
 
 
 def test_matching_allocation_passes(config_path: Path) -> None:
-    config = load_config(config_path)
-    check_allocation(assignment(), SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
+    settings = load_job_settings(config_path)
+    check_allocation(assignment(), SlurmAllocation.from_env(SLURM), settings, ["rtx-1", "rtx-2"])
     named = assignment(node_list=("rtx-2", "rtx-1"))
-    check_allocation(named, SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
+    check_allocation(named, SlurmAllocation.from_env(SLURM), settings, ["rtx-1", "rtx-2"])
 
 
 @pytest.mark.parametrize(
@@ -99,10 +99,10 @@ def test_matching_allocation_passes(config_path: Path) -> None:
 def test_only_the_granted_run_may_train(config_path: Path, job_id: str, restarts: int) -> None:
     """Job and shape may match: a run the assignment was not written for (the user's own
     release or requeue, Slurm's requeue) is not the controller's grant."""
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     granted = assignment(slurm_job_id=job_id, slurm_restart_count=restarts)
     with pytest.raises(LaunchError) as caught:
-        check_allocation(granted, SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
+        check_allocation(granted, SlurmAllocation.from_env(SLURM), settings, ["rtx-1", "rtx-2"])
     assert caught.value.status == EXIT_MISMATCH
     (problem,) = str(caught.value).splitlines()[1:]
     assert problem.strip() == (
@@ -112,7 +112,7 @@ def test_only_the_granted_run_may_train(config_path: Path, job_id: str, restarts
 
 
 def test_every_mismatch_is_named(config_path: Path) -> None:
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     stale = assignment(
         gpu_type="a100",
         partition="a100",
@@ -124,7 +124,7 @@ def test_every_mismatch_is_named(config_path: Path) -> None:
         slurm_job_id="40",
     )
     with pytest.raises(LaunchError) as caught:
-        check_allocation(stale, SlurmAllocation.from_env(SLURM), config, ["rtx-1", "rtx-2"])
+        check_allocation(stale, SlurmAllocation.from_env(SLURM), settings, ["rtx-1", "rtx-2"])
     message = str(caught.value)
     assert caught.value.status == EXIT_MISMATCH
     for expected in (
@@ -139,7 +139,7 @@ def test_every_mismatch_is_named(config_path: Path) -> None:
         assert expected in message
     with pytest.raises(LaunchError, match="SLURM_JOB_PARTITION=gpu is not a partition"):
         check_allocation(
-            assignment(), SlurmAllocation.from_env(SLURM | {"SLURM_JOB_PARTITION": "gpu"}), config
+            assignment(), SlurmAllocation.from_env(SLURM | {"SLURM_JOB_PARTITION": "gpu"}), settings
         )
 
 
@@ -202,15 +202,15 @@ def test_srun_line_runs_one_shielded_torchrun_agent_per_node() -> None:
 
 
 def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path) -> None:
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     spec = JobSpec(sia_id="s1-abcd", app="cifar10", init_batch_size=0, command=("t.py",))
     environ = SLURM | {name: "9" for name in STALE_SLURM_VARIABLES} | {"SIA_LINGER_S": "5"}
     allocation, hostnames = SlurmAllocation.from_env(SLURM), ["rtx-1", "rtx-2"]
-    job = job_environment(spec, assignment(), allocation, config, environ, hostnames)
+    job = job_environment(spec, assignment(), allocation, settings, environ, hostnames)
     assert JobEnvironment.from_env(job.to_env()).hostnames == ("rtx-1", "rtx-2")  # the run's
     assert (job.gpu_type, job.profile_gpu_type, job.gpus, job.local_bsz) == ("rtx", "rtx", 4, 6)
     assert (job.init_batch_size, job.max_batch_size) == (128, 4096)  # cifar10's profile
-    assert job.checkpoint_dir == config.state_dir / "jobs" / "s1-abcd" / "checkpoints"
+    assert job.checkpoint_dir == settings.state_dir / "jobs" / "s1-abcd" / "checkpoints"
     assert (job.launch_round, job.restarts, job.linger_s) == (7, 1, 5.0)
     env = worker_environment(environ, job)
     assert not set(STALE_SLURM_VARIABLES) & set(env)
@@ -220,24 +220,24 @@ def test_workers_get_the_job_variables_and_not_the_stale_ones(config_path: Path)
             spec,
             assignment(),
             SlurmAllocation.from_env(SLURM),
-            config,
+            settings,
             {"SIA_METRICS_INTERVAL_S": "soon"},
         )
 
 
 def test_a_profiling_run_gets_its_sweep_and_the_users_step_count(config_path: Path) -> None:
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     spec = JobSpec(sia_id="s1-abcd", app="cifar10", init_batch_size=0, command=("t.py",))
     one_gpu = assignment(
         nodes=1, gpus=1, batch_size=8, local_bsz=8, accum_steps=0, profile_sweep=(2, 4)
     )
     allocation = SlurmAllocation.from_env(SLURM)
-    job = job_environment(spec, one_gpu, allocation, config, {"SIA_PROFILE_STEPS": "5"})
+    job = job_environment(spec, one_gpu, allocation, settings, {"SIA_PROFILE_STEPS": "5"})
     assert (job.sweep, job.profile_steps) == ((2, 4), 5)
     assert job.to_env()["SIA_PROFILE_SWEEP"] == "2,4"
-    assert job_environment(spec, assignment(), allocation, config, {}).sweep == ()
+    assert job_environment(spec, assignment(), allocation, settings, {}).sweep == ()
     with pytest.raises(LaunchError, match=r"SIA_PROFILE_STEPS: expected 1\.\.100"):
-        job_environment(spec, one_gpu, allocation, config, {"SIA_PROFILE_STEPS": "0"})
+        job_environment(spec, one_gpu, allocation, settings, {"SIA_PROFILE_STEPS": "0"})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,15 +262,15 @@ class Clock:
         self.on_sleep(self.now)
 
 
-def grant_args(config_path: Path) -> tuple[StatePaths, SlurmAllocation, SiaConfig]:
-    config = load_config(config_path)
-    return StatePaths(config.state_dir), SlurmAllocation.from_env(SLURM), config
+def grant_args(config_path: Path) -> tuple[StatePaths, SlurmAllocation, JobSiteSettings]:
+    settings = load_job_settings(config_path)
+    return StatePaths(settings.state_dir), SlurmAllocation.from_env(SLURM), settings
 
 
 def wait(config_path: Path, clock: Clock, wait_s: float = 60.0) -> Assignment:
-    paths, allocation, config = grant_args(config_path)
+    paths, allocation, settings = grant_args(config_path)
     return await_grant(
-        paths, "s1-abcd", allocation, config, ["rtx-1", "rtx-2"], wait_s,
+        paths, "s1-abcd", allocation, settings, ["rtx-1", "rtx-2"], wait_s,
         poll_s=2.0, clock=clock, sleep=clock.sleep,
     )  # fmt: skip
 
@@ -341,7 +341,7 @@ def test_a_run_its_assignment_names_on_another_allocation_records_its_refusal(
     ``SLURM_GPUS_ON_NODE=0``: the launcher leaves its refusal for the controller while it
     waits, and withdraws it once the assignment names the next run (the controller
     requeued this one)."""
-    paths, allocation, config = grant_args(config_path)
+    paths, allocation, settings = grant_args(config_path)
     write_document(paths.assignment("s1-abcd"), assignment(node_list=("rtx-2", "rtx-1")))
     seen: list[RunRefusal | None] = []
     clock = Clock()
@@ -355,7 +355,7 @@ def test_a_run_its_assignment_names_on_another_allocation_records_its_refusal(
     clock.on_sleep = controller
     with pytest.raises(LaunchError) as caught:
         await_grant(
-            paths, "s1-abcd", replace(allocation, gpus_per_node=0), config, ["rtx-1", "rtx-2"],
+            paths, "s1-abcd", replace(allocation, gpus_per_node=0), settings, ["rtx-1", "rtx-2"],
             8.0, poll_s=2.0, clock=clock, sleep=clock.sleep,
         )  # fmt: skip
     refusal = seen[0]
@@ -369,14 +369,14 @@ def test_a_run_its_assignment_names_on_another_allocation_records_its_refusal(
 
 
 def test_a_refusal_is_withdrawn_when_the_launcher_gives_up(config_path: Path) -> None:
-    paths, allocation, config = grant_args(config_path)
+    paths, allocation, settings = grant_args(config_path)
     write_document(paths.assignment("s1-abcd"), assignment())
     clock = Clock()
     clock.on_sleep = lambda now: seen.append(refusals(paths))
     seen: list[list[str]] = []
     with pytest.raises(LaunchError, match="SLURM_JOB_PARTITION=t4"):
         await_grant(
-            paths, "s1-abcd", replace(allocation, partition="t4"), config, ["t4-1", "t4-2"],
+            paths, "s1-abcd", replace(allocation, partition="t4"), settings, ["t4-1", "t4-2"],
             4.0, poll_s=2.0, clock=clock, sleep=clock.sleep,
         )  # fmt: skip
     assert seen == [["refusal-41.1.json"]] * 2
@@ -395,7 +395,7 @@ def test_a_refusal_is_withdrawn_when_the_launcher_gives_up(config_path: Path) ->
 def test_no_refusal_without_an_assignment_for_this_very_run(
     config_path: Path, granted: Assignment | None
 ) -> None:
-    paths, allocation, config = grant_args(config_path)
+    paths, allocation, settings = grant_args(config_path)
     paths.job_dir("s1-abcd").mkdir(exist_ok=True)
     if granted is not None:
         write_document(paths.assignment("s1-abcd"), granted)
@@ -404,7 +404,7 @@ def test_no_refusal_without_an_assignment_for_this_very_run(
     clock.on_sleep = lambda now: seen.append(refusals(paths))
     with pytest.raises(LaunchError):
         await_grant(
-            paths, "s1-abcd", replace(allocation, gpus_per_node=0), config, ["rtx-1", "rtx-2"],
+            paths, "s1-abcd", replace(allocation, gpus_per_node=0), settings, ["rtx-1", "rtx-2"],
             4.0, poll_s=2.0, clock=clock, sleep=clock.sleep,
         )  # fmt: skip
     assert seen == [[], []]
@@ -423,8 +423,8 @@ def test_launch_waits_three_rounds_or_sia_mismatch_wait_s(
 ) -> None:
     """At least three rounds (the controller requeues an ungranted run at its next), at
     least a minute, unless SIA_MISMATCH_WAIT_S says otherwise."""
-    config = replace(load_config(config_path), round_seconds=round_seconds)
-    paths = StatePaths(config.state_dir)
+    settings = replace(load_job_settings(config_path), round_seconds=round_seconds)
+    paths = StatePaths(settings.state_dir)
     paths.job_dir("s1-abcd").mkdir()
     write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
     monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
@@ -437,10 +437,10 @@ def test_launch_waits_three_rounds_or_sia_mismatch_wait_s(
 
     monkeypatch.setattr(launcher.launch, "await_grant", give_up)
     with pytest.raises(LaunchError, match="not granted"):
-        launch(config, "s1-abcd", SLURM | environ)
+        launch(settings, "s1-abcd", SLURM | environ)
     assert waited == [expected]
     with pytest.raises(LaunchError, match="SIA_MISMATCH_WAIT_S: expected seconds > 0"):
-        launch(config, "s1-abcd", SLURM | {"SIA_MISMATCH_WAIT_S": "0"})
+        launch(settings, "s1-abcd", SLURM | {"SIA_MISMATCH_WAIT_S": "0"})
 
 
 class _FakeChild:
@@ -458,19 +458,19 @@ class _FakeChild:
 
 def granted_job(
     config_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[SiaConfig, StatePaths, Path]:
+) -> tuple[JobSiteSettings, StatePaths, Path]:
     """Job s1-abcd with its spec, on rtx-1, granted at once (:func:`assignment`): what
-    ``launch`` needs before it runs srun. Returns the config, the state paths, the job's
+    ``launch`` needs before it runs srun. Returns the settings, the state paths, the job's
     directory."""
-    config = load_config(config_path)
-    paths = StatePaths(config.state_dir)
+    settings = load_job_settings(config_path)
+    paths = StatePaths(settings.state_dir)
     job_dir = paths.job_dir("s1-abcd")
     job_dir.mkdir()
     write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
     monkeypatch.setattr(launcher.launch, "expand_hostnames", lambda runner, nodes: ["rtx-1"])
     monkeypatch.setattr(launcher.launch, "node_address", lambda runner, node: node)
     monkeypatch.setattr(launcher.launch, "await_grant", lambda *a, **k: assignment())
-    return config, paths, job_dir
+    return settings, paths, job_dir
 
 
 @pytest.mark.parametrize(
@@ -496,7 +496,7 @@ def test_every_run_leaves_how_it_ended_for_the_controller(
     (``failed``: it spends --max-failures) or Slurm ended the run (brought back), judged from
     srun's status and what the job side left (``training``: None, no task started; "", a task
     started and no trainer; else the trainer's record); the evidence is gone afterwards."""
-    config, _, job_dir = granted_job(config_path, monkeypatch)
+    settings, _, job_dir = granted_job(config_path, monkeypatch)
     monkeypatch.setattr(launcher.launch, "slurm_ended", lambda *a: "")  # a healthy cluster
 
     def run(self: _FakeChild, on_terminate: Callable[[], None] | None = None) -> int:
@@ -509,7 +509,7 @@ def test_every_run_leaves_how_it_ended_for_the_controller(
 
     child = type("Child", (_FakeChild,), {"terminated": terminated, "wait": run})
     monkeypatch.setattr(launcher.launch, "_Child", child)
-    assert launch(config, "s1-abcd", SLURM) == exit_status
+    assert launch(settings, "s1-abcd", SLURM) == exit_status
     record = read_document(RunExit, job_dir / "exit-41.1.json")
     assert (record.cause, record.status) == (cause, exit_status)
     assert (record.slurm_job_id, record.slurm_restart_count) == ("41", 1)
@@ -522,7 +522,7 @@ def test_a_stopped_run_says_so_when_slurms_sigterm_comes_not_only_when_srun_exit
     """Slurm SIGKILLs the batch script KillWait after its SIGTERM, and srun may still wait for
     a slow step then (loaded run 30): the record and the log line must be out by the
     SIGTERM's handling, and the line said once when srun does exit."""
-    config, paths, job_dir = granted_job(config_path, monkeypatch)
+    settings, paths, job_dir = granted_job(config_path, monkeypatch)
     line = "[job=s1-abcd] stopped on request and checkpointed; exit 75"
     seen_at_sigterm: list[tuple[bool, bool]] = []
 
@@ -537,7 +537,7 @@ def test_a_stopped_run_says_so_when_slurms_sigterm_comes_not_only_when_srun_exit
     child = type("Child", (_FakeChild,), {"terminated": signal.SIGTERM, "wait": run})
     monkeypatch.setattr(launcher.launch, "_Child", child)
     with caplog.at_level(logging.INFO, logger="sia-launch"):
-        assert launch(config, "s1-abcd", SLURM) == 75
+        assert launch(settings, "s1-abcd", SLURM) == 75
     assert seen_at_sigterm == [(True, True)]
     assert caplog.text.count(line) == 1
     record = read_document(RunExit, job_dir / "exit-41.1.json")
@@ -547,11 +547,11 @@ def test_a_stopped_run_says_so_when_slurms_sigterm_comes_not_only_when_srun_exit
 def test_a_refused_or_invalid_launch_is_recorded_too(
     config_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = load_config(config_path)
-    paths = StatePaths(config.state_dir)
+    settings = load_job_settings(config_path)
+    paths = StatePaths(settings.state_dir)
     paths.job_dir("s1-abcd").mkdir()
     with pytest.raises(LaunchError, match=r"spec\.json"):  # no spec: the job is not launchable
-        launch(config, "s1-abcd", SLURM)
+        launch(settings, "s1-abcd", SLURM)
     record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
     assert (record.cause, record.status) == ("invalid", 2)
     write_document(paths.spec("s1-abcd"), JobSpec("s1-abcd", "cifar10", command=("t.py",)))
@@ -563,7 +563,7 @@ def test_a_refused_or_invalid_launch_is_recorded_too(
 
     monkeypatch.setattr(launcher.launch, "await_grant", refuse)
     with pytest.raises(LaunchError, match="not granted"):
-        launch(config, "s1-abcd", SLURM)
+        launch(settings, "s1-abcd", SLURM)
     record = read_document(RunExit, paths.job_dir("s1-abcd") / "exit-41.1.json")
     assert (record.cause, record.status, record.message) == ("refused", 3, "not granted")
 

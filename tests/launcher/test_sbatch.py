@@ -19,7 +19,7 @@ from launcher.sbatch import (
     run,
     submit,
 )
-from sia_slurm.config import load_config
+from launcher.settings import load_job_settings
 from sia_slurm.core import JobKind
 from sia_slurm.protocol import JobSpec, StatePaths, read_document
 from sia_slurm.slurm.runner import CommandError, CommandResult
@@ -69,17 +69,17 @@ def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def test_submission_writes_spec_and_script_and_runs_the_exact_sbatch(
     config_path: Path, tiny_profile: Path
 ) -> None:
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     runner = FakeRunner()
     sia_id, stdout = submit(
-        config,
+        settings,
         config_path,
         options(app=None, profile_dir=tiny_profile, num_gpus=8, max_gpus=8, restart_cost=40.0),
         ["-t", "10", "--job-name=mine", "--export=ALL,X=1"],
         runner,
     )
     assert stdout == "123\n"
-    paths = StatePaths(config.state_dir)
+    paths = StatePaths(settings.state_dir)
     script = paths.job_dir(sia_id) / "batch.sh"
     assert runner.calls == [
         [
@@ -125,13 +125,13 @@ def test_submission_writes_spec_and_script_and_runs_the_exact_sbatch(
 
 
 def test_files_are_written_with_their_modes_whatever_the_umask(config_path: Path) -> None:
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     old = os.umask(0o077)
     try:
-        sia_id, _ = submit(config, config_path, options(), [], FakeRunner())
+        sia_id, _ = submit(settings, config_path, options(), [], FakeRunner())
     finally:
         os.umask(old)
-    paths = StatePaths(config.state_dir)
+    paths = StatePaths(settings.state_dir)
     assert stat.S_IMODE(paths.job_dir(sia_id).stat().st_mode) == 0o755  # the controller reads it
     assert stat.S_IMODE((paths.job_dir(sia_id) / "batch.sh").stat().st_mode) == 0o755
     assert stat.S_IMODE(paths.spec(sia_id).stat().st_mode) == 0o644
@@ -142,14 +142,14 @@ def test_an_existing_job_directory_is_never_reused(
 ) -> None:
     """The id is new, so its directory must be too: one that exists (another user's, made
     in the shared jobs/ first) is refused and left as it is; nothing is submitted."""
-    config = load_config(config_path)
-    taken = StatePaths(config.state_dir).job_dir("s1-abcd")
+    settings = load_job_settings(config_path)
+    taken = StatePaths(settings.state_dir).job_dir("s1-abcd")
     taken.mkdir()
     (taken / "spec.json").write_text("theirs")
     monkeypatch.setattr(launcher.sbatch, "new_sia_id", lambda: "s1-abcd")
     runner = FakeRunner()
     with pytest.raises(UsageError, match=f"cannot create {taken}: File exists"):
-        submit(config, config_path, options(), [], runner)
+        submit(settings, config_path, options(), [], runner)
     assert runner.calls == []
     assert (taken / "spec.json").read_text() == "theirs"
 
@@ -159,7 +159,7 @@ def test_unnamed_jobs_get_the_app_name_and_pinned_jobs_their_type(
 ) -> None:
     runner = FakeRunner()
     submit(
-        load_config(config_path),
+        load_job_settings(config_path),
         config_path,
         options(kind=JobKind.PINNED, gpu_type="t4", num_gpus=2),
         [],
@@ -171,10 +171,10 @@ def test_unnamed_jobs_get_the_app_name_and_pinned_jobs_their_type(
 
 
 def test_failed_sbatch_leaves_nothing_behind(config_path: Path) -> None:
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     with pytest.raises(CommandError):
-        submit(config, config_path, options(), [], FakeRunner(fail=True))
-    assert list((config.state_dir / "jobs").iterdir()) == []
+        submit(settings, config_path, options(), [], FakeRunner(fail=True))
+    assert list((settings.state_dir / "jobs").iterdir()) == []
 
 
 def test_sbatch_failure_is_reported_with_exit_1(
@@ -283,10 +283,10 @@ def test_a_model_without_a_profile_is_submitted_for_profiling(
 ) -> None:
     """Neither --app of a shipped profile nor --profile: the scheduler profiles it
     (docs/profiling.md); its largest batch defaults to M0, it may start on any type."""
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     runner = FakeRunner()
-    sia_id, _ = submit(config, config_path, options(app=app, batch_size=32), [], runner)
-    paths = StatePaths(config.state_dir)
+    sia_id, _ = submit(settings, config_path, options(app=app, batch_size=32), [], runner)
+    paths = StatePaths(settings.state_dir)
     spec = read_document(JobSpec, paths.spec(sia_id))
     assert (spec.app, spec.profile) == (app or "", None)
     assert (spec.init_batch_size, spec.max_batch_size) == (32, 32)
@@ -357,11 +357,11 @@ def test_a_profile_directory_is_copied_into_the_job_as_one_document(
     from sia_slurm.model.profile_json import profile_from_json
     from sia_slurm.safefiles import read_json
 
-    config = load_config(config_path)
+    settings = load_job_settings(config_path)
     sia_id, _ = submit(
-        config, config_path, options(app=None, profile_dir=tiny_profile), [], FakeRunner()
+        settings, config_path, options(app=None, profile_dir=tiny_profile), [], FakeRunner()
     )
-    paths = StatePaths(config.state_dir)
+    paths = StatePaths(settings.state_dir)
     types = load_gpu_types(default_profiles_dir() / GPU_TYPES_FILE)
     copied = profile_from_json(read_json(paths.profile(sia_id)), "profile.json", types)
     assert copied == load_app_profile(tiny_profile, types)

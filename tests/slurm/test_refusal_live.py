@@ -19,6 +19,7 @@ import pytest
 from launcher.grant import LaunchError, SlurmAllocation, check_allocation, record_refusal
 from sia_slurm.cluster import JobPhase, Start
 from sia_slurm.devcluster import DevCluster
+from sia_slurm.job_settings import JobSiteSettings
 from sia_slurm.protocol import Assignment, read_document
 from tests.slurm.test_backend_enforcement import job_of
 from tests.slurm.test_backend_live import backend_for, placed, slurm_job, wait_for_phase
@@ -40,7 +41,7 @@ def test_a_refused_run_is_requeued_at_the_next_round_and_runs_again_as_granted(
         assignment = read_document(Assignment, paths.assignment("refused"))
         seen = SlurmAllocation(job_id, "a100", 1, 0, "a100-1", 0)
         with pytest.raises(LaunchError) as refusal:
-            check_allocation(assignment, seen, backend.config, ["a100-1"])
+            check_allocation(assignment, seen, JobSiteSettings.of(backend.config), ["a100-1"])
         assert record_refusal(paths, assignment, seen, ["a100-1"], str(refusal.value))
         # One round: observed as not running as granted, then requeued and held.
         job = job_of(backend.snapshot(), "refused")
