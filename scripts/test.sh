@@ -25,7 +25,7 @@ ruff check .
 ruff format --check .
 # The documentation site: a broken link, a missing page or a reference page the code cannot
 # render fails here (mkdocs.yml; scripts/docs_hooks.py).
-mkdocs build --strict --quiet
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet
 
 read -r -a releases <<<"${SIA_TEST_RELEASES-24.11 26.05}"
 # Each session's cluster takes 7 ports from its base, and a second cluster 500 above it.
