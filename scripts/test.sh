@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install everything, then run the linters, the documentation build and the whole test suite,
-# Slurm integration included, on every Slurm release sia-slurm supports. Eight pytest sessions
+# Slurm integration included, on every Slurm release sia-slurm supports. Nine pytest sessions
 # run side by side (docs/testing.md):
 #   - the tests that start no daemon (`-m "not slurm"`), output here as it runs;
 #   - the real-Slurm tests (marked `slurm`: every test that starts daemons, tests/conftest.py)
 #     but those marked one_release, on the host's Slurm (Debian 12: 22.05), tests/e2e in one
-#     session and the rest in another, and those marked one_release in a third;
+#     session and the rest in another, and those marked one_release in two more;
 #   - the same but those marked one_release, on Slurm 24.11 and 26.05, each from its Debian
 #     root (built once by debootstrap, ~1 min each, cached under /var/cache/sia-slurm/roots or
 #     $SIA_SLURM_ROOTS; sia_slurm/devcluster/chroot.py), two sessions each as well.
@@ -15,7 +15,8 @@
 # long as the longest one. The Slurm sessions' output is printed when they end.
 # Arguments go to every session (e.g. `bash scripts/test.sh tests/slurm -x`); SIA_TEST_RELEASES
 # chooses the other releases ("" runs the host's alone); SIA_TEST_PORT_BASE (17817) moves all
-# port ranges (24.11's and 26.05's start 3000 and 6000 above it).
+# port ranges (24.11's and 26.05's start 3000 and 6000 above it; each release's second session
+# 1000 above its first; the host's one_release sessions 2000 above and 5000 below).
 # The Slurm tests start their own dev clusters (real munged, slurmctld and slurmd); if Slurm
 # cannot start they fail, they are never skipped.
 set -euo pipefail
@@ -97,11 +98,14 @@ for release in system "${releases[@]}"; do
         add_session "$release-rest" "$release" "$((port + 1000))" "$every" tests --ignore=tests/e2e
     fi
 done
-# The tests of the host's release only, in a third session of its own (~10 minutes of waits).
+# The tests of the host's release only, in two sessions of their own: profiling's (~8 minutes
+# on a loaded machine) and the others (the controller killed at every step, a 3-minute job...).
 if [ $# -gt 0 ]; then
     add_session system-one system "$((base + 2000))" one_release "$@"
 else
-    add_session system-one system "$((base + 2000))" one_release tests
+    add_session system-one system "$((base + 2000))" one_release tests/e2e/test_profiling_live.py
+    add_session system-one-b system "$((base - 5000))" one_release tests \
+        --ignore=tests/e2e/test_profiling_live.py
 fi
 status=0
 # The tests that start no daemon (the inner loop), on ports of their own (tests/release.py's

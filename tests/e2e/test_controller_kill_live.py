@@ -57,7 +57,10 @@ from tests.e2e.test_controller_live import SEED_PROFILE, Site
 from tests.release import TEST_RELEASE
 from tests.slurm.conftest import LiveSubmitter
 
-pytestmark = pytest.mark.slurm
+# The controller's journal and its replay after a SIGKILL at every step: what it replays are the
+# start, move and stop commands every release runs in tests/slurm/test_backend_live.py and the
+# other e2e tests, so these run on the host's release only, for CI time (~5 minutes a release).
+pytestmark = [pytest.mark.slurm, pytest.mark.one_release]
 
 ROUND_SECONDS = 4.0
 JOBS = ("ka", "kb", "kc")
