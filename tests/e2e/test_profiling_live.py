@@ -186,12 +186,14 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     and no profile: sia-launch gives its run the sweep, the job measures each type it is
     given (the dev cluster's TaskProlog slows the slower types and caps their memory), the
     controller builds its model from what it measured, and the job trains to its end."""
+    # 6000 steps: at load 15 the job trained all of 3000 during its profiling rounds and had
+    # completed when the controller moved it onto its profile's choice (a failed move)
     done = subprocess.run(
         [sys.executable, "-m", "launcher.sbatch", "--config", str(site.config_path),
          "--batch-size", "8", "--max-batch-size", "256", "--max-gpus", "2",
          f"--output={site.root / 'lm.out'}", "--export=ALL,SIA_METRICS_INTERVAL_S=1",
          "--", sys.executable, "-m", "launcher.examples.transformer",
-         "--epochs", "1000", "--max-steps", "3000", "--dataset-size", "512"],
+         "--epochs", "1000", "--max-steps", "6000", "--dataset-size", "512"],
         env=site.env(), cwd=site.root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -237,7 +239,7 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     wait_for(
         lambda: site.slurm_job(slurm_id)["JobState"] == "COMPLETED",
         f"{sia_id} completed",
-        timeout_s=400,
+        timeout_s=600,
         diagnose=lambda: (site.root / "lm.out").read_text(errors="replace")[-3000:],
     )
     site.round()
