@@ -52,7 +52,13 @@ from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import SubprocessRunner
 from sia_slurm.state.tree import set_up
 from tests.accounts import TestAccounts
-from tests.e2e.kill_harness import KillPlan, KillRule, Supervisor, job_history_problems
+from tests.e2e.kill_harness import (
+    KillPlan,
+    KillRule,
+    Supervisor,
+    job_history_problems,
+    read_jsonl,
+)
 from tests.e2e.test_controller_live import SEED_PROFILE, Site
 from tests.release import TEST_RELEASE
 from tests.slurm.conftest import LiveSubmitter
@@ -493,7 +499,7 @@ def check_exactly_once(ks: KillSite) -> None:
     refusals = stale_errno_refusals(site.cluster.layout.slurmctld_log)
     loop_starts = sorted(
         line["ts"]
-        for line in _json_lines(site.log_path)
+        for line in read_jsonl(site.log_path)
         if str(line.get("message", "")).startswith(LOOP_LINE)
     )
     for entry in journal:
@@ -595,19 +601,6 @@ def test_sigkill_at_every_step_of_start_move_and_stop(kill_site: KillSite) -> No
                      START),
         ]),
     ))  # fmt: skip
-
-
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    """The controller log's JSON lines (a killed process may leave a line cut short)."""
-    lines = []
-    for text in path.read_text(errors="replace").splitlines() if path.exists() else []:
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            lines.append(line)
-    return lines
 
 
 def test_sigkill_at_random_points_of_real_rounds(kill_site: KillSite) -> None:
