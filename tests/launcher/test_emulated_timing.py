@@ -79,6 +79,28 @@ def test_pacer_does_not_make_up_time_between_micro_batches_or_beyond_its_cap():
     assert clock.now - started == pytest.approx(1.0 - Pacer.catch_up_s)
 
 
+def test_pacer_takes_a_stall_off_one_micro_batch_only():
+    """A 200 ms stall on a 20 ms micro-batch (the first step's allocations, a descheduled
+    process) shortens the next micro-batch to its own work, not the ten after it: a report
+    whose window holds the catch-up but not the stall would say the steps are faster than
+    profiled."""
+    clock = FakeClock()
+    pacer = Pacer(clock, clock.sleep)
+    started = pacer.now()
+    pacer.start(0.020, started)
+    clock.now += 0.220  # the stall, inside the micro-batch
+    pacer.wait()
+    durations = []
+    for _ in range(4):
+        started = pacer.now()
+        pacer.start(0.020, started)
+        clock.now += 0.002  # the micro-batch's own work
+        pacer.wait()
+        durations.append(clock.now - started)
+    # 2 ms (all of its 20 ms taken off), then 20 ms less the first one's 2 ms overrun, then 20
+    assert durations == pytest.approx([0.002, 0.018, 0.020, 0.020])
+
+
 def test_bounded_fetch_gathers_at_most_the_computed_samples_in_order():
     dataset = make_dataset(5000, seed=1)
     fetch = bounded_fetch(dataset)
