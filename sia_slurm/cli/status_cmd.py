@@ -41,6 +41,8 @@ class JobLine:
     """One managed job's row of the status table."""
 
     sia_id: str
+    user: str  # Slurm's user and account of the job ('' where Slurm has not said)
+    account: str
     app: str
     phase: str
     config: str  # "-" without GPUs
@@ -104,10 +106,18 @@ def gpu_table(store: Store, snapshot: ClusterSnapshot | None) -> dict[str, dict[
     return table
 
 
-def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) -> list[JobLine]:
-    """The managed jobs: from the snapshot when there is one, else from the database."""
+def job_lines(
+    store: Store,
+    snapshot: ClusterSnapshot | None,
+    show_all: bool,
+    user: str | None = None,
+    account: str | None = None,
+) -> list[JobLine]:
+    """The managed jobs: from the snapshot when there is one, else from the database; only
+    ``user``'s and ``account``'s when given (the dashboard's filter, for a shell)."""
     lines = []
     for row in store.jobs():
+        owner, charged = row.user, row.account
         if snapshot is None:
             phase, config, batch = row.phase, row.config, row.batch
             restarts, slurm_id = row.restarts, (row.slurm_job_ids or [""])[-1]
@@ -121,6 +131,7 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
             job = next((j for j in snapshot.jobs if j.sia_id == row.sia_id), None)
             if job is None:
                 continue
+            owner, charged = job.user or owner, job.account or charged
             phase, restarts, slurm_id = job.phase.value, job.restarts, job.slurm_job_id
             message = job.message
             holds = job.phase.holds_gpus and job.config is not None
@@ -129,6 +140,8 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
             batch_text = _batch_text(asdict(job.batch) if holds and job.batch else None)
         if phase in ("done", "failed", "gone") and not show_all:
             continue
+        if (user is not None and owner != user) or (account is not None and charged != account):
+            continue
         decided = store.last_decision(row.sia_id)
         goodput = None
         if decided is not None and decided[1].after == config_text and config_text != "-":
@@ -136,6 +149,8 @@ def job_lines(store: Store, snapshot: ClusterSnapshot | None, show_all: bool) ->
         lines.append(
             JobLine(
                 row.sia_id,
+                owner,
+                charged,
                 str(row.spec.get("app", "?")),
                 phase,
                 config_text,
@@ -198,20 +213,28 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 \b
 GPU types: total GPUs, GPUs usable by managed jobs (not down, drained or
-held by unmanaged jobs) and GPUs allocated to managed jobs. Jobs: phase,
-configuration (TYPE:NODESxGPUS), batch size (local batch x micro-batches),
-the goodput the last round predicted for that configuration (samples/s),
-restarts and Slurm job id. Read from the state database and a fresh
+held by unmanaged jobs) and GPUs allocated to managed jobs. Jobs: user and
+account (as Slurm says), phase, configuration (TYPE:NODESxGPUS), batch size
+(local batch x micro-batches), the goodput the last round predicted for
+that configuration (samples/s), restarts and Slurm job id. Read from the state database and a fresh
 snapshot of the cluster (skipped with --offline, or when it fails).
 """,
 )
 @CONFIG_OPTION
 @click.option("--offline", is_flag=True, help="Use only the state database, not the cluster.")
 @click.option("--all", "show_all", is_flag=True, help="Include finished jobs.")
+@click.option("--user", metavar="NAME", help="Only NAME's jobs (Slurm's user).")
+@click.option("--account", metavar="NAME", help="Only the jobs charged to Slurm account NAME.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.pass_context
 def status(
-    ctx: click.Context, config_path: Path | None, offline: bool, show_all: bool, as_json: bool
+    ctx: click.Context,
+    config_path: Path | None,
+    offline: bool,
+    show_all: bool,
+    user: str | None,
+    account: str | None,
+    as_json: bool,
 ) -> None:
     config = load_config_or_exit(config_path)
     try:
@@ -232,7 +255,7 @@ def status(
             for e in Journal(store).given_up()
         ]  # fmt: skip
         gpus = gpu_table(store, snapshot)
-        jobs = job_lines(store, snapshot, show_all)
+        jobs = job_lines(store, snapshot, show_all, user, account)
         quarantined = quarantined_last_round(store)
         profiling = profiling_last_round(store)
     accounted = None if offline else accounted_hours(config)
@@ -284,6 +307,8 @@ def status(
     job_rows = [
         [
             j.sia_id,
+            j.user or "-",
+            j.account or "-",
             j.app,
             j.phase,
             j.config,
@@ -296,7 +321,19 @@ def status(
         ]
         for j in jobs
     ]
-    headers = ["JOB", "APP", "PHASE", "CONFIG", "GPUS", "BATCH", "GOODPUT", "RESTARTS", "SLURM"]
+    headers = [
+        "JOB",
+        "USER",
+        "ACCOUNT",
+        "APP",
+        "PHASE",
+        "CONFIG",
+        "GPUS",
+        "BATCH",
+        "GOODPUT",
+        "RESTARTS",
+        "SLURM",
+    ]
     if accounted is not None:
         headers.append("GPU-H (sacct)")  # every Slurm run of the job, joined by its comment
     for line in _table(headers, job_rows):

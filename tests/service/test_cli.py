@@ -72,7 +72,14 @@ def test_status_shows_gpu_types_and_jobs(setup: tuple[Path, FakeCluster]) -> Non
     assert any(line.split()[:3] == ["a100", "8", "8"] for line in lines), result.output
     job = cluster.jobs["train-a"]
     row = next(line for line in lines if line.startswith("train-a"))
-    assert row.split()[1:5] == ["cifar10", job.phase, str(job.config), str(job.config.gpus)]  # type: ignore[union-attr]
+    assert row.split()[1:7] == [
+        "-",
+        "-",
+        "cifar10",
+        job.phase,
+        str(job.config),
+        str(job.config.gpus),
+    ]  # type: ignore[union-attr]
     data = json.loads(invoke(cluster, "status", "--config", str(config), "--json").output)
     assert data["live"] and {j["sia_id"] for j in data["jobs"]} == {"train-a", "train-b"}
     allocated = sum(c["allocated"] for c in data["gpu_types"].values())
@@ -82,6 +89,38 @@ def test_status_shows_gpu_types_and_jobs(setup: tuple[Path, FakeCluster]) -> Non
     assert data["shares"].startswith("shares: equal shares per user")
     offline = invoke(None, "status", "--config", str(config), "--offline").output
     assert "shares: equal shares per user; with Slurm accounting" in offline
+
+
+def test_status_shows_and_filters_by_user_and_account(tmp_path: Path) -> None:
+    """Whose each job is, as Slurm says (store schema 3), live and offline; --user and
+    --account keep only theirs (the dashboard's filter bar, for a shell)."""
+    config = write_config(tmp_path)
+    cluster = FakeCluster(tmp_path / "cluster.json")
+    cluster.submit(JobSpec("a-1", "cifar10", submit_time=0.0), 1e7, "alice", "physics")
+    cluster.submit(JobSpec("b-1", "ncf", submit_time=0.0), 1e7, "bob", "biology")
+    cluster.submit(JobSpec("a-2", "ncf", submit_time=0.0), 1e7, "alice", "biology")
+    rounds(config, cluster, 2)
+    for offline in ([], ["--offline"]):
+        backend = None if offline else cluster
+        text = invoke(backend, "status", "--config", str(config), *offline).output
+        rows = {line.split()[0]: line.split()[1:3] for line in text.splitlines() if "-" in line[:4]}
+        assert rows == {
+            "a-1": ["alice", "physics"],
+            "b-1": ["bob", "biology"],
+            "a-2": ["alice", "biology"],
+        }, text
+        assert "JOB  USER   ACCOUNT" in text
+        for args, expected in (
+            (["--user", "alice"], {"a-1", "a-2"}),
+            (["--account", "biology"], {"b-1", "a-2"}),
+            (["--user", "alice", "--account", "biology"], {"a-2"}),
+            (["--user", "carol"], set()),
+        ):
+            data = json.loads(
+                invoke(backend, "status", "--config", str(config), "--json", *offline, *args).output
+            )
+            assert {j["sia_id"] for j in data["jobs"]} == expected, args
+            assert all(j["user"] and j["account"] for j in data["jobs"])
 
 
 def test_status_and_explain_do_not_repeat_the_backends_warnings(
