@@ -159,7 +159,7 @@ def test_status_text_shows_user_strings_escaped(hostile: tuple[Path, FakeCluster
     assert result.exit_code == 0, result.output
     assert_clean(result.output)
     row = next(line for line in result.output.splitlines() if line.startswith("train-a "))
-    assert row.split()[1] == printable(APP)
+    assert row.split()[3] == printable(APP)  # after the job, its user and account
     assert f"train-a starting: {printable(MESSAGE)}" in result.output.splitlines()
     assert f"{LOST_SUBMISSION} {printable(MESSAGE)}" in result.output.splitlines()
     assert not any(line.startswith("FAKE LOG LINE") for line in result.output.splitlines())
@@ -207,7 +207,7 @@ def test_report_table_and_site_from_the_database(
     assert result.exit_code == 0, result.output
     assert_clean(result.output)
     row = next(line for line in result.output.splitlines() if line.startswith("train-a "))
-    assert row.split()[1] == printable(APP)
+    assert row.split()[3] == printable(APP)  # after the job, its user and account
     for name in ("data.js", "report.json"):
         assert_clean((out / name).read_text())
     shown = json.loads((out / "report.json").read_text())
