@@ -207,7 +207,7 @@ def test_report_table_and_site_from_the_database(
     assert result.exit_code == 0, result.output
     assert_clean(result.output)
     row = next(line for line in result.output.splitlines() if line.startswith("train-a "))
-    assert row.split()[3] == printable(APP)  # after the job, its user and account
+    assert row.split()[1] == printable(APP)
     for name in ("data.js", "report.json"):
         assert_clean((out / name).read_text())
     shown = json.loads((out / "report.json").read_text())
