@@ -78,14 +78,34 @@ def released(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield repo
 
 
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One clone for the tests that release nothing (a clone takes seconds on a loaded machine)."""
+    return clone(tmp_path_factory.mktemp("pristine") / "repo")
+
+
+@pytest.fixture
+def repo(pristine: Path) -> Path:
+    """The pristine clone, put back as it was cloned: main at this checkout's HEAD, no other
+    branch, no tag, no stray file."""
+    git(pristine, "checkout", "-q", "-f", "main")
+    git(pristine, "reset", "-q", "--hard", git(ROOT, "rev-parse", "HEAD"))
+    git(pristine, "clean", "-q", "-fdx")
+    for tag in git(pristine, "tag", "--list").split():
+        git(pristine, "tag", "-d", tag)
+    for branch in git(pristine, "branch", "--format=%(refname:short)").split():
+        if branch != "main":
+            git(pristine, "branch", "-q", "-D", branch)
+    return pristine
+
+
 def unchanged(repo: Path, head: str) -> None:
     assert git(repo, "rev-parse", "HEAD") == head
     assert git(repo, "tag", "--list") == ""
     assert release.current_version(repo) == release.current_version(ROOT)
 
 
-def test_it_refuses_a_dirty_tree(tmp_path: Path) -> None:
-    repo = clone(tmp_path / "repo")
+def test_it_refuses_a_dirty_tree(repo: Path) -> None:
     head = git(repo, "rev-parse", "HEAD")
     (repo / "stray.txt").write_text("not committed\n")
     done = run_release(repo, NEXT, "--skip-tests")
@@ -94,8 +114,7 @@ def test_it_refuses_a_dirty_tree(tmp_path: Path) -> None:
     unchanged(repo, head)
 
 
-def test_it_refuses_a_branch_other_than_main(tmp_path: Path) -> None:
-    repo = clone(tmp_path / "repo")
+def test_it_refuses_a_branch_other_than_main(repo: Path) -> None:
     git(repo, "checkout", "-q", "-b", "topic")
     done = run_release(repo, NEXT, "--skip-tests")
     assert done.returncode == 1
@@ -114,9 +133,8 @@ def test_it_refuses_a_branch_other_than_main(tmp_path: Path) -> None:
     ],
 )
 def test_it_refuses_a_version_not_above_the_current_and_the_tagged_ones(
-    tmp_path: Path, version: str, tag: str | None, message: str
+    repo: Path, version: str, tag: str | None, message: str
 ) -> None:
-    repo = clone(tmp_path / "repo")
     head = git(repo, "rev-parse", "HEAD")
     if tag:
         git(repo, "tag", tag)
@@ -146,9 +164,8 @@ OLDER = "## 0.1.0\n\nThe first version.\n"
     ],
 )
 def test_it_refuses_a_changelog_without_entries_or_upgrading(
-    tmp_path: Path, unreleased: str, message: str
+    repo: Path, unreleased: str, message: str
 ) -> None:
-    repo = clone(tmp_path / "repo")
     commit_changelog(repo, CHANGELOG_HEAD + unreleased + OLDER)
     head = git(repo, "rev-parse", "HEAD")
     done = run_release(repo, NEXT, "--skip-tests")
@@ -210,8 +227,7 @@ def test_the_wheel_check_names_what_is_missing(released: Path, tmp_path: Path) -
     )
 
 
-def test_a_dry_run_builds_in_a_clone_and_tags_nothing(tmp_path: Path) -> None:
-    repo = clone(tmp_path / "repo")
+def test_a_dry_run_builds_in_a_clone_and_tags_nothing(repo: Path) -> None:
     head = git(repo, "rev-parse", "HEAD")
     done = run_release(repo, NEXT, "--skip-tests", "--dry-run")
     assert done.returncode == 0, done.stderr
