@@ -2,7 +2,44 @@
 # Install everything sia-slurm needs on a fresh Debian/Ubuntu machine (as root):
 # Slurm and munge from the distribution, PyTorch's CPU build, and this project with its extras.
 # Safe to run again: what is already there is kept.
+#
+# Offline, from a release's wheel (docs/operations.md, "Installing a release"):
+#   bash scripts/install.sh --wheel dist/sia_slurm-X-py3-none-any.whl --find-links DIR \
+#       [--extras train]
+# installs that wheel into python3's environment with `pip install --no-index --find-links DIR`:
+# nothing is downloaded, and neither Slurm nor munge is installed (those are the site's). DIR is
+# a wheelhouse of the dependencies, filled beforehand on a machine that is online:
+#   python3 -m pip download --dest DIR "dist/sia_slurm-X-py3-none-any.whl[train]"
 set -euo pipefail
+
+# The offline mode needs nothing of the checkout, and its paths are the caller's.
+if [ $# -gt 0 ]; then
+    wheel="" find_links="" extras=""
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --wheel) wheel=${2:?--wheel needs a path}; shift 2 ;;
+            --find-links) find_links=${2:?--find-links needs a directory}; shift 2 ;;
+            --extras) extras=${2:?--extras needs a list, e.g. train}; shift 2 ;;
+            *) echo "install: unknown argument '$1'" \
+                   "(offline: --wheel PATH --find-links DIR [--extras LIST])" >&2
+               exit 2 ;;
+        esac
+    done
+    if [ -z "$wheel" ] || [ -z "$find_links" ]; then
+        echo "install: the offline install needs both --wheel PATH and --find-links DIR" >&2
+        exit 2
+    fi
+    [ -f "$wheel" ] || { echo "install: no wheel at $wheel" >&2; exit 2; }
+    [ -d "$find_links" ] || { echo "install: no wheelhouse directory $find_links" >&2; exit 2; }
+    requirement=$wheel
+    [ -z "$extras" ] || requirement="$wheel[$extras]"
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    python3 -m pip install -q --no-index --find-links "$find_links" "$requirement"
+    echo "install: done offline ($(python3 --version), sia-slurm $(cd / && python3 -c \
+        'import sia_slurm; print(sia_slurm.__version__)'))" >&2
+    exit 0
+fi
+
 cd "$(dirname "$0")/.."
 
 # chromium renders the static dashboard in its headless test (sia-slurm report); debootstrap

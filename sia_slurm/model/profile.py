@@ -93,9 +93,37 @@ class ProfileSet:
             ) from None
 
 
+# Where a wheel installs the shipped profiles, under its installation scheme's data directory
+# (pyproject.toml's data-files: ``profiles/`` sits beside the packages, so it cannot be package
+# data without moving it, and the whole tree and its documents name it by that path).
+INSTALLED_PROFILES = "share/sia-slurm/profiles"
+
+
 def default_profiles_dir() -> Path:
-    """The repository's ``profiles/`` directory (next to the ``sia_slurm`` package)."""
-    return Path(__file__).resolve().parents[2] / "profiles"
+    """The shipped profiles: the repository's ``profiles/`` (next to the ``sia_slurm`` package) in
+    a checkout or an editable install, else the copy an installed wheel put under
+    ``INSTALLED_PROFILES``, found through the distribution's own file list so that a venv, a
+    ``--user`` or a ``--prefix`` install all work. With neither, the checkout's path, so that
+    the error names the directory a site would expect."""
+    checkout = Path(__file__).resolve().parents[2] / "profiles"
+    if checkout.is_dir():
+        return checkout
+    return _installed_profiles_dir() or checkout
+
+
+def _installed_profiles_dir() -> Path | None:
+    """``INSTALLED_PROFILES`` of the installed sia-slurm distribution, if it has one."""
+    import importlib.metadata  # only an installed wheel gets here
+
+    try:
+        files = importlib.metadata.files("sia-slurm") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    marker = f"{INSTALLED_PROFILES}/gpu_types.csv"
+    for entry in files:
+        if entry.as_posix().endswith(marker):
+            return Path(str(entry.locate())).resolve().parent
+    return None
 
 
 def parse_placement(text: str) -> tuple[int, int]:
