@@ -1,4 +1,8 @@
-"""``sia-slurm dev-cluster``: a real multi-node Slurm with typed fake GPUs on this machine."""
+"""``sia-slurm dev-cluster``: a real multi-node Slurm with typed fake GPUs on this machine.
+
+Part of sia-slurm-dev, not of sia-slurm: :mod:`sia_slurm.cli.main` adds this group to the
+``sia-slurm`` command when this package is installed, and says how to install it otherwise.
+"""
 
 from __future__ import annotations
 
