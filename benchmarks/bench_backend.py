@@ -28,11 +28,11 @@ from typing import TypeVar
 from sia_slurm.cluster import BatchChoice, JobPhase, Rebatch, Start, Stop
 from sia_slurm.config import parse_config
 from sia_slurm.core import Configuration
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec, StatePaths, write_document
 from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.runner import CommandResult, CommandRunner
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 
 REPO = Path(__file__).resolve().parent.parent
 PROTOCOL_JOB = REPO / "tests" / "slurm" / "protocol_job.py"

@@ -30,11 +30,11 @@ from pathlib import Path
 
 from sia_slurm.cluster import JobPhase
 from sia_slurm.config import SiaConfig, load_config
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.protocol import JobSpec, StatePaths, write_document
 from sia_slurm.service import RoundReport, open_controller, run_round
 from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.state import Store
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 
 REPO = Path(__file__).resolve().parent.parent
 PROTOCOL_JOB = REPO / "tests" / "slurm" / "protocol_job.py"

@@ -8,7 +8,7 @@ Why: the unit and e2e tests kill one thing at a time at chosen points; productio
 at any moment, on top of each other, while many jobs start, move and stop. This runs the real
 thing for ``--minutes``: a dev cluster (``a100:2x4,rtx:2x4,t4:2x4``) whose slurmctld runs as
 the service account ``siasvc``; the controller loop as ``siasvc`` under a supervisor that
-restarts it after a SIGKILL, as systemd would (:mod:`sia_slurm.devcluster.supervisor`);
+restarts it after a SIGKILL, as systemd would (:mod:`sia_slurm_dev.supervisor`);
 ``--jobs`` emulated trainers of the paper's apps and ``--real-jobs`` real PyTorch jobs
 (``launcher/examples``) submitted with ``sia-sbatch`` by the ordinary user ``siaalice`` at
 seeded random times; and the faults of ``--faults`` (default: the issue's) at seeded random
@@ -73,7 +73,7 @@ from benchmarks.chaos_plan import (  # noqa: E402
     parse_fault_counts,
 )
 from benchmarks.chaos_site import SERVICE, CheckpointKiller, Injector, Site  # noqa: E402
-from sia_slurm.devcluster import DevCluster  # noqa: E402
+from sia_slurm_dev import DevCluster  # noqa: E402
 
 FIRST_FAULT_S = 60.0  # the first jobs run by then
 FINISHED = ("done", "failed", "gone")

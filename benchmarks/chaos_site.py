@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos_plan import ChaosError, Fault, JobPlan
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
-from sia_slurm.devcluster.access import Account
-from sia_slurm.devcluster.supervisor import Supervisor
 from sia_slurm.protocol import StatePaths
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json
 from sia_slurm.state.tree import set_up
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
+from sia_slurm_dev.access import Account
+from sia_slurm_dev.supervisor import Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICE, USER = "siasvc", "siaalice"  # the accounts of tests/accounts.py

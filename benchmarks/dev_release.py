@@ -12,14 +12,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster import DevCluster  # noqa: E402
-from sia_slurm.devcluster.chroot import SYSTEM  # noqa: E402
-from sia_slurm.devcluster.roots import RELEASE_SUITES  # noqa: E402
+from sia_slurm_dev import DevCluster  # noqa: E402
+from sia_slurm_dev.chroot import SYSTEM  # noqa: E402
+from sia_slurm_dev.roots import RELEASE_SUITES  # noqa: E402
 
 # --slurm: the host's Slurm, or a release run from its Debian root (sia-slurm dev-cluster up).
 SLURM_RELEASES = (SYSTEM, *sorted(RELEASE_SUITES))
 # What a root's dev cluster shares with the host besides its own directory and the checkout
-# (sia_slurm/devcluster/chroot.py): a benchmark's state tree and job logs must lie there.
+# (dev/sia_slurm_dev/chroot.py): a benchmark's state tree and job logs must lie there.
 ROOT_SHARED_DIRS = (Path("/tmp"), Path("/home"))
 
 

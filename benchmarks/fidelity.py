@@ -50,8 +50,6 @@ from benchmarks.dev_release import (  # noqa: E402
     slurm_bin_dir,
 )
 from benchmarks.restart_measure import grant_delays, summarize  # noqa: E402
-from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
-from sia_slurm.devcluster.chroot import SYSTEM  # noqa: E402
 from sia_slurm.report import render_site, report_from_db  # noqa: E402
 from sia_slurm.sim.apptruth import AppTruth  # noqa: E402
 from sia_slurm.sim.clusterfile import ClusterRestart, load_cluster  # noqa: E402
@@ -60,6 +58,8 @@ from sia_slurm.sim.restart import RestartDelay  # noqa: E402
 from sia_slurm.sim.run import SimulationConfig, simulate  # noqa: E402
 from sia_slurm.sim.workload import Workload, WorkloadJob, load_workload  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
+from sia_slurm_dev import DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm_dev.chroot import SYSTEM  # noqa: E402
 
 PHOEBE = REPO / "data" / "workloads" / "phoebe.csv"
 DEV_CLUSTER = REPO / "etc" / "clusters" / "dev.yaml"

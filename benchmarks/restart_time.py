@@ -58,9 +58,9 @@ from benchmarks.restart_measure import (  # noqa: E402
     summarize,
     summarize_by_size,
 )
-from sia_slurm.devcluster import DevClusterSpec, controller_config  # noqa: E402
-from sia_slurm.devcluster.chroot import SYSTEM  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
+from sia_slurm_dev import DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm_dev.chroot import SYSTEM  # noqa: E402
 
 T = TypeVar("T")
 

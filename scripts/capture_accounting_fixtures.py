@@ -3,7 +3,7 @@
 
 Run as root: ``python3 scripts/capture_accounting_fixtures.py 24.11`` (or ``26.05``, or
 ``system`` for the host's 22.05). It starts a dev cluster with accounting
-(:class:`~sia_slurm.devcluster.DevCluster`, ports 18400..), creates the associations of the
+(:class:`~sia_slurm_dev.DevCluster`, ports 18400..), creates the associations of the
 22.05 fixtures (biology limited to 4 GPUs, physics twice its share, root in both with
 MaxTRESPerJob 8 and QOS short), runs a finished job, a cancelled one and one requeued once,
 then writes the controller's own commands' output (:mod:`sia_slurm.slurm.observe.sacct`).
@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster import DevCluster, DevClusterSpec  # noqa: E402
-from sia_slurm.devcluster.accounts_spec import AccountingSpec  # noqa: E402
 from sia_slurm.slurm.observe.sacct import SHOW_ASSOC, SHOW_QOS, sacct_runs  # noqa: E402
+from sia_slurm_dev import DevCluster, DevClusterSpec  # noqa: E402
+from sia_slurm_dev.accounts_spec import AccountingSpec  # noqa: E402
 
 SPEC = """\
 accounts:

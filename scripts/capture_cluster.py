@@ -2,7 +2,7 @@
 
 One Slurm release run either from its cached Debian root (``chroot ROOT ...``, with /proc, /dev
 and /sys bound in) or from the host: munged, slurmctld and six slurmd whose slurm.conf and
-gres.conf are rendered by sia_slurm/devcluster/slurm_conf.py, as the dev cluster's. Kept apart from
+gres.conf are rendered by dev/sia_slurm_dev/slurm_conf.py, as the dev cluster's. Kept apart from
 what is recorded so that each file reads as one thing.
 """
 
@@ -24,14 +24,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster.roots import mounts_under  # noqa: E402
-from sia_slurm.devcluster.slurm_conf import (  # noqa: E402
+from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
+from sia_slurm_dev.roots import mounts_under  # noqa: E402
+from sia_slurm_dev.slurm_conf import (  # noqa: E402
     ClusterLayout,
     render_gres_conf,
     render_slurm_conf,
 )
-from sia_slurm.devcluster.spec import DevClusterSpec  # noqa: E402
-from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
+from sia_slurm_dev.spec import DevClusterSpec  # noqa: E402
 
 SPEC = DevClusterSpec.parse("a100:2x4,rtx:2x4,t4:2x4")
 IN_ROOT_DIR = Path("/srv/sia-capture")

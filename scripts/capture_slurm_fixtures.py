@@ -8,7 +8,7 @@
 As root. For 24.11 and 26.05 the Debian root of that release is built (once, cached:
 ``sia-slurm dev-cluster root``), /proc, /dev and /sys are bound into it, and munged, slurmctld
 and six slurmd (a100-[1-2], rtx-[1-2], t4-[1-2], 4 fake GPUs each, one partition per type;
-slurm.conf and gres.conf rendered by sia_slurm/devcluster/slurm_conf.py, as the dev cluster's) run
+slurm.conf and gres.conf rendered by dev/sia_slurm_dev/slurm_conf.py, as the dev cluster's) run
 as ``chroot ROOT ...``, their files under ROOT/srv/sia-capture. Ports 26817-26823 (other
 sessions' clusters use 17817-25817).
 
@@ -39,11 +39,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster.roots import (  # noqa: E402
+from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm_dev.roots import (  # noqa: E402
     RELEASE_SUITES,
     ensure_root,
 )
-from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
 
 JOB_FIELDS = (
     "JobState",

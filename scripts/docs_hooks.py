@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The checkout these pages document, before any installed copy of the package; imported while
-# mkdocs loads this hook (it restores sys.path afterwards).
+# The checkout these pages document, before any installed copy of the package, and its dev
+# package (dev/: `sia-slurm dev-cluster` is documented too); imported while mkdocs loads this
+# hook (it restores sys.path afterwards).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from launcher.launch import cli as launch_cli
 from launcher.sbatch import cli as sbatch_cli

@@ -44,9 +44,9 @@ cd "$(dirname "$0")/.."
 
 # chromium renders the static dashboard in its headless test (sia-slurm report); debootstrap
 # builds the Debian roots of other Slurm releases (`sia-slurm dev-cluster root 24.11|26.05`,
-# cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; sia_slurm/devcluster/roots.py).
+# cached under /var/cache/sia-slurm/roots or $SIA_SLURM_ROOTS; dev/sia_slurm_dev/roots.py).
 # slurmdbd and mariadb-server: Slurm accounting in the dev cluster (`dev-cluster up --accounting`,
-# sia_slurm/devcluster/slurmdbd.py); the dev cluster starts and stops them itself.
+# dev/sia_slurm_dev/slurmdbd.py); the dev cluster starts and stops them itself.
 packages="slurmctld slurmd slurm-client munge chromium debootstrap slurmdbd mariadb-server"
 missing=0
 for program in slurmctld slurmd scontrol sinfo squeue sbatch munged mungekey chromium debootstrap \
@@ -71,4 +71,7 @@ constraint=$(mktemp)
 trap 'rm -f "$constraint"' EXIT
 python3 -c "import torch; print(f'torch=={torch.__version__}')" >"$constraint"
 pip install -q -c "$constraint" -e ".[train,lightning,dev,docs]"
-echo "install: done ($(slurmctld -V), $(python3 --version), sia-slurm $(python3 -c 'import sia_slurm; print(sia_slurm.__version__)'))" >&2
+# The dev cluster is a distribution of its own (dev/: sia-slurm-dev), so that a site's
+# `pip install sia-slurm` carries none of it; its requirements are sia-slurm's, just installed.
+pip install -q --no-deps -e ./dev
+echo "install: done ($(slurmctld -V), $(python3 --version), sia-slurm $(python3 -c 'import sia_slurm, sia_slurm_dev; print(sia_slurm.__version__)'))" >&2

@@ -8,7 +8,7 @@
 #     session and the rest in another, and those marked one_release in two more;
 #   - the same but those marked one_release, on Slurm 24.11 and 26.05, each from its Debian
 #     root (built once by debootstrap, ~1 min each, cached under /var/cache/sia-slurm/roots or
-#     $SIA_SLURM_ROOTS; sia_slurm/devcluster/chroot.py), two sessions each as well.
+#     $SIA_SLURM_ROOTS; dev/sia_slurm_dev/chroot.py), two sessions each as well.
 # Each Slurm session has its own dev cluster on its own ports (SIA_TEST_SLURM,
 # SIA_TEST_PORT_BASE; tests/release.py). The Slurm sessions spend most of their time waiting on
 # Slurm (requeue delays, node timeouts), the first on the CPU, so together they take about as

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.devcluster.access import Account
+from sia_slurm_dev.access import Account
 
 SERVICE_ACCOUNT = "siasvc"
 ALICE = "siaalice"

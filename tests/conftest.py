@@ -9,7 +9,7 @@ skipped (CI installs the Debian packages; see scripts/install.sh).
 
 ``SIA_TEST_SLURM`` picks the Slurm release the real-Slurm tests run on: ``system`` (the host's,
 Debian 12's 22.05; the default) or ``24.11`` / ``26.05``, run from a cached Debian root (built
-first when missing; sia_slurm/devcluster/chroot.py). For a root's release the session's PATH
+first when missing; dev/sia_slurm_dev/chroot.py). For a root's release the session's PATH
 starts with the cluster's client wrappers, so every Slurm command a test or the code under test
 runs is that release's. ``scripts/test.sh`` runs the suite once per release, each session on
 its own ``SIA_TEST_PORT_BASE``.
@@ -33,8 +33,8 @@ from types import FrameType
 
 import pytest
 
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec
-from sia_slurm.devcluster.accounts_spec import AccountingSpec
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec
+from sia_slurm_dev.accounts_spec import AccountingSpec
 from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_PORT_OFFSET, ACCOUNTING_SPEC
 from tests.accounts import (
     SharedTmp,

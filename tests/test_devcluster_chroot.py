@@ -1,4 +1,4 @@
-"""The plans behind a dev cluster of another Slurm release (sia_slurm/devcluster/chroot.py):
+"""The plans behind a dev cluster of another Slurm release (dev/sia_slurm_dev/chroot.py):
 what is bound where, the exact mount/umount commands (a fake runner records them), the client
 wrappers and the paths refused. The real thing runs in tests/slurm with SIA_TEST_SLURM=24.11 or
 26.05 (scripts/test.sh runs every release)."""
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster.chroot import (
+from sia_slurm.slurm.runner import CommandError, CommandResult
+from sia_slurm_dev.chroot import (
     CLIENTS,
     ChrootError,
     ChrootSlurm,
@@ -27,8 +28,7 @@ from sia_slurm.devcluster.chroot import (
     wrapper_text,
     write_wrappers,
 )
-from sia_slurm.devcluster.roots import MARKER
-from sia_slurm.slurm.runner import CommandError, CommandResult
+from sia_slurm_dev.roots import MARKER
 
 MOUNT_POINT = Path("/tmp/dev cluster/root")  # a space: every path is one argv element
 
@@ -203,7 +203,7 @@ def test_wrappers_run_the_roots_command_inside_and_outside(tmp_path: Path) -> No
 def test_down_without_a_record_unmounts_what_a_killed_up_left(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from sia_slurm.devcluster import DevCluster
+    from sia_slurm_dev import DevCluster
 
     unmounted: list[Path] = []
     monkeypatch.setattr(ChrootSlurm, "unmount", lambda self: unmounted.append(self.mount_point))

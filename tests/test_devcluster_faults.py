@@ -17,15 +17,16 @@ import pytest
 from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
-from sia_slurm.devcluster import DevCluster, DevClusterError, DevClusterSpec
-from sia_slurm.devcluster.lifecycle import (
+from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm_dev import DevCluster, DevClusterError, DevClusterSpec
+from sia_slurm_dev.lifecycle import (
     _registered,
     _responding,
     _schedulable,
     parse_daemon,
     slurmctld_argv,
 )
-from sia_slurm.devcluster.process import (
+from sia_slurm_dev.process import (
     DaemonRecord,
     _stat_fields,
     descendants,
@@ -34,8 +35,7 @@ from sia_slurm.devcluster.process import (
     node_job_processes,
     sockets_under,
 )
-from sia_slurm.devcluster.slurm_conf import ClusterLayout, render_slurm_conf
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm_dev.slurm_conf import ClusterLayout, render_slurm_conf
 
 NET_UNIX = """\
 Num       RefCount Protocol Flags    Type St Inode Path
@@ -225,7 +225,7 @@ def test_kill_slurmctld_kills_it_and_its_children_and_the_record_shows_it(tmp_pa
 
 
 def descendants_of(pid: int) -> set[int]:
-    from sia_slurm.devcluster.process import process_parents
+    from sia_slurm_dev.process import process_parents
 
     return descendants(process_parents(), [pid])
 

@@ -1,4 +1,4 @@
-"""Debian roots of other Slurm releases (sia_slurm/devcluster/roots.py): the pure parts, and
+"""Debian roots of other Slurm releases (dev/sia_slurm_dev/roots.py): the pure parts, and
 ``ensure_root``'s reuse / rebuild / refusal with a fake runner standing in for debootstrap and
 chroot. The real build runs in ``scripts/capture_slurm_fixtures.py`` (about a minute per root)."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster.roots import (
+from sia_slurm.slurm.runner import CommandError, CommandResult
+from sia_slurm_dev.roots import (
     DEFAULT_CACHE_DIR,
     MARKER,
     RootError,
@@ -25,7 +26,6 @@ from sia_slurm.devcluster.roots import (
     slurm_version_argv,
     suite_of,
 )
-from sia_slurm.slurm.runner import CommandError, CommandResult
 
 
 class FakeDebootstrap:

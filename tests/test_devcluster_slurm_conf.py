@@ -10,17 +10,17 @@ from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
 from sia_slurm.config import parse_config
-from sia_slurm.devcluster import DevClusterSpec, NodeGroupSpec, controller_config
-from sia_slurm.devcluster.access import Account, untraversable
-from sia_slurm.devcluster.chroot import ChrootError, HostPrograms
-from sia_slurm.devcluster.lifecycle import DevCluster, DevClusterError
-from sia_slurm.devcluster.slurm_conf import (
+from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm_dev import DevClusterSpec, NodeGroupSpec, controller_config
+from sia_slurm_dev.access import Account, untraversable
+from sia_slurm_dev.chroot import ChrootError, HostPrograms
+from sia_slurm_dev.lifecycle import DevCluster, DevClusterError
+from sia_slurm_dev.slurm_conf import (
     ClusterLayout,
     PowerSavingConfig,
     render_gres_conf,
     render_slurm_conf,
 )
-from sia_slurm.slurm.observe.inventory import parse_records
 
 LAYOUT = ClusterLayout(root=Path("/srv/dev"), hostname="box", user="root", port_base=7000)
 SPEC = DevClusterSpec.parse("a100:1x2")
@@ -91,7 +91,7 @@ def test_gres_conf_points_every_gpu_at_a_file() -> None:
 
 
 def test_missing_binaries_name_the_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sia_slurm.devcluster.chroot as chroot_module
+    import sia_slurm_dev.chroot as chroot_module
 
     monkeypatch.setattr(chroot_module, "_SEARCH_PATH", "/nonexistent")
     with pytest.raises(ChrootError) as caught:

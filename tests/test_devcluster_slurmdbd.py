@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster.accounts_spec import (
+from sia_slurm_dev.accounts_spec import (
     DEFAULT_ACCOUNTS,
     AccountingSpec,
     AccountingSpecError,
     sacctmgr_commands,
 )
-from sia_slurm.devcluster.chroot import RootPrograms
-from sia_slurm.devcluster.slurmdbd import (
+from sia_slurm_dev.chroot import RootPrograms
+from sia_slurm_dev.slurmdbd import (
     AccountingLayout,
     find_accounting_programs,
     find_client_library,

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster.slurm_conf import (
+from sia_slurm.model.profile import load_profiles
+from sia_slurm_dev.slurm_conf import (
     ClusterLayout,
     render_slurm_conf,
     render_task_prolog,
 )
-from sia_slurm.devcluster.spec import DEFAULT_SPEC, DevClusterSpec
-from sia_slurm.devcluster.speed import (
+from sia_slurm_dev.spec import DEFAULT_SPEC, DevClusterSpec
+from sia_slurm_dev.speed import (
     MEMORY_VARIABLE,
     SAMPLES_PER_GB,
     SPEED_VARIABLE,
@@ -27,7 +28,6 @@ from sia_slurm.devcluster.speed import (
     profile_speed_factors,
     spec_variables,
 )
-from sia_slurm.model.profile import load_profiles
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "profiling.md"
 TABLE_START = "<!-- devcluster-speed-table -->\n"
@@ -125,8 +125,8 @@ def test_slurm_conf_names_the_task_prolog(tmp_path: Path) -> None:
 def test_up_without_profiles_says_so_as_a_dev_cluster_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sia_slurm.devcluster import lifecycle
     from sia_slurm.model.profile import ProfileError
+    from sia_slurm_dev import lifecycle
 
     def missing(*_: object) -> dict[str, str]:
         raise ProfileError("/nowhere/profiles: expected a profiles directory")

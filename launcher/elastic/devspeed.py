@@ -2,7 +2,7 @@
 
 Every fake GPU of a dev cluster is the same CPU, so without help a job would train equally
 fast on every type and a profiling run would measure no difference. The dev cluster gives its
-jobs ``SIA_DEVCLUSTER_SPEED=a100=1,rtx=0.35,...`` (``sia_slurm/devcluster/speed.py`` derives the
+jobs ``SIA_DEVCLUSTER_SPEED=a100=1,rtx=0.35,...`` (``dev/sia_slurm_dev/speed.py`` derives the
 factors from the shipped profiles; docs/profiling.md, "On the dev cluster"); on a type of factor
 ``f`` :func:`pace_step` makes each optimizer step take ``1/f`` times its compute, by sleeping
 ``(1/f - 1)`` times it once per step. A real cluster never sets the variable, and then nothing
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The same names as sia_slurm/devcluster/speed.py's (a test checks): the job side does not
+# The same names as dev/sia_slurm_dev/speed.py's (a test checks): the job side does not
 # import the dev cluster's package, which pulls in the Slurm stack.
 SPEED_VARIABLE = "SIA_DEVCLUSTER_SPEED"
 MEMORY_VARIABLE = "SIA_DEVCLUSTER_MEMORY"

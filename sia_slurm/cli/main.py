@@ -1,7 +1,9 @@
 """``sia-slurm``: the administrator's and controller's command.
 
 Each subcommand lives in its own module under ``sia_slurm.cli`` and is registered here, so this
-file reads as the table of contents of the tool.
+file reads as the table of contents of the tool. ``dev-cluster`` is the one exception: it lives in
+the developer distribution sia-slurm-dev (``sia_slurm_dev.cli``), which a site's controller host
+does not install, and is added here only when that package is importable.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from sia_slurm import __version__
 from sia_slurm.cli import CONTEXT_SETTINGS
 from sia_slurm.cli.config_cmd import config
 from sia_slurm.cli.controller_cmd import controller
-from sia_slurm.cli.devcluster_cmd import dev_cluster
 from sia_slurm.cli.explain_cmd import explain
 from sia_slurm.cli.profile_cmd import profile
 from sia_slurm.cli.report_cmd import report_command
@@ -37,6 +38,40 @@ Run "sia-slurm COMMAND --help" for the options of each command.
 """
 
 
+# What `sia-slurm dev-cluster ...` says where sia-slurm-dev is not installed.
+DEV_CLUSTER_MISSING = (
+    "the dev cluster is not installed here: it is the separate package sia-slurm-dev "
+    "(from a checkout: pip install -e ./dev)"
+)
+
+
+def _dev_cluster_command() -> click.Command:
+    """``sia_slurm_dev``'s ``dev-cluster`` group, or where it is not installed a stand-in that
+    says how to install it and fails. The dev cluster (Debian roots, chroots, the MariaDB and
+    slurmdbd bootstrap) is developer infrastructure: a controller host runs without it, so its
+    absence must not break this command's import. Any other import error in it is a bug and
+    propagates."""
+    try:
+        from sia_slurm_dev.cli import dev_cluster
+    except ModuleNotFoundError as exc:
+        if exc.name != "sia_slurm_dev":
+            raise
+    else:
+        return dev_cluster
+
+    @click.command(
+        "dev-cluster",
+        # every argument, --help included, reaches the stand-in, which fails with the hint
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+        short_help="Run a dev cluster (needs sia-slurm-dev: pip install -e ./dev).",
+    )
+    def missing_dev_cluster() -> None:
+        raise click.ClickException(DEV_CLUSTER_MISSING)
+
+    return missing_dev_cluster
+
+
 @click.group(help=HELP, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, prog_name="sia-slurm")
 def cli() -> None:
@@ -45,7 +80,7 @@ def cli() -> None:
 
 cli.add_command(config)
 cli.add_command(controller)
-cli.add_command(dev_cluster)
+cli.add_command(_dev_cluster_command())
 cli.add_command(explain)
 cli.add_command(profile)
 cli.add_command(report_command)

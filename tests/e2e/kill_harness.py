@@ -7,7 +7,7 @@ supervisor that restarts the killed controller, and the checks on each job's own
 * :class:`Supervisor`: keeps one ``sia-slurm controller run`` loop alive, as systemd's
   ``Restart=always`` would: a controller that died of SIGKILL is started again at once; any
   other exit is recorded and stops the supervision. It lives in
-  :mod:`sia_slurm.devcluster.supervisor` (the chaos soak uses it too) and is re-exported here.
+  :mod:`sia_slurm_dev.supervisor` (the chaos soak uses it too) and is re-exported here.
 * :func:`job_history_problems`: what a job's ``events.jsonl`` (written by
   tests/slurm/protocol_job.py) shows that must never happen: two runs at once, a counter that
   went back beyond the last checkpoint, a launch refused, a second finish.
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sia_slurm.devcluster.supervisor import Exit, Supervisor
+from sia_slurm_dev.supervisor import Exit, Supervisor
 
 __all__ = ["Exit", "KillPlan", "KillRule", "Supervisor", "job_history_problems", "read_jsonl"]
 

@@ -24,11 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster import DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.protocol import StatePaths  # noqa: E402
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.slurm.runner import SubprocessRunner  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
+from sia_slurm_dev import DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from tests.accounts import TestAccounts  # noqa: E402
 from tests.e2e.test_controller_live import Site, wait_for  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sia_slurm.devcluster import DevCluster, DevClusterSpec  # noqa: E402
-from sia_slurm.devcluster.slurm_conf import PowerSavingConfig  # noqa: E402
+from sia_slurm_dev import DevCluster, DevClusterSpec  # noqa: E402
+from sia_slurm_dev.slurm_conf import PowerSavingConfig  # noqa: E402
 from tests.accounts import SharedTmp, TestAccounts  # noqa: E402
 from tests.e2e.test_slurm_faults_live import ControllerLoop, Faults, controller_site  # noqa: E402
 from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_SLURM  # noqa: E402

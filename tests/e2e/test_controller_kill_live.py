@@ -42,7 +42,6 @@ import yaml
 from sia_slurm.cluster import BatchChoice, Start, Stop
 from sia_slurm.config import load_config
 from sia_slurm.core import Configuration
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import MetricsReport, ProtocolError, StatePaths, read_document
 from sia_slurm.slurm.actuate.calls import UPDATE_MAX_PAUSE_S, is_stale_errno
@@ -51,6 +50,7 @@ from sia_slurm.slurm.observe.hostlist import expand_hostlist
 from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_squeue_json
 from sia_slurm.slurm.runner import SubprocessRunner
 from sia_slurm.state.tree import set_up
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from tests.accounts import TestAccounts
 from tests.e2e.kill_harness import (
     KillPlan,

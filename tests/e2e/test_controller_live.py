@@ -35,7 +35,6 @@ if str(REPO) not in sys.path:  # so `tests.*` helpers import however pytest was 
 from sia_slurm.cluster import BatchChoice, JobPhase, Move, Start  # noqa: E402
 from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.core import Configuration  # noqa: E402
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from sia_slurm.policy.base import NodeShare  # noqa: E402
 from sia_slurm.protocol import (  # noqa: E402
     Assignment,
@@ -48,6 +47,7 @@ from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from tests.accounts import SERVICE_ACCOUNT, TestAccounts  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402
 

@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 import pytest
 
 from sia_slurm.core import JobKind
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm.protocol import Assignment, JobSpec, StatePaths, read_document, to_json
 from sia_slurm.slurm.observe.jsonparse import SlurmJob, parse_squeue_json
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from tests.accounts import SharedTmp, TestAccounts, run_as
 
 pytestmark = pytest.mark.slurm

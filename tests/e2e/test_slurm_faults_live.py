@@ -44,14 +44,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from sia_slurm.config import load_config  # noqa: E402
-from sia_slurm.devcluster import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
-from sia_slurm.devcluster.slurm_conf import PREEMPTING_PARTITION  # noqa: E402
 from sia_slurm.protocol import JobSpec, StatePaths, exit_name, write_document  # noqa: E402
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
 from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
 from sia_slurm.slurm.runner import CommandError  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
+from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
+from sia_slurm_dev.slurm_conf import PREEMPTING_PARTITION  # noqa: E402
 from tests.accounts import SERVICE_ACCOUNT, TestAccounts  # noqa: E402
 from tests.e2e.test_controller_live import Site  # noqa: E402
 from tests.slurm.conftest import LiveSubmitter  # noqa: E402

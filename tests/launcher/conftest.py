@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from launcher.jobenv import JobEnvironment
-from sia_slurm.devcluster import DEFAULT_SPEC, DevClusterSpec, controller_config
 from sia_slurm.state.tree import set_up
+from sia_slurm_dev import DEFAULT_SPEC, DevClusterSpec, controller_config
 
 # Limits small enough that a move to rtx needs gradient accumulation; step times that differ
 # per type so the emulated trainer's reports show which type it ran on.

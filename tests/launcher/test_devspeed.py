@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 
 from launcher.elastic import ElasticTrainer, JobEnvironment, devspeed
 from launcher.elastic.steps import StepStats
-from sia_slurm.devcluster import speed
+from sia_slurm_dev import speed
 from tests.launcher.gloo import run_two_ranks
 
 # --------------------------------------------------------------------------------------------

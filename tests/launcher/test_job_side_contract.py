@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "launcher"
 ANY = None  # an entry any launcher module may import
 
-# The controller's side: never imported by the job side (sia_slurm.config only by the loader).
+# The controller's side: never imported by the job side (sia_slurm.config only by the loader);
+# nor the dev cluster (sia-slurm-dev), which a site does not install.
 FORBIDDEN = (
     "sia_slurm.cli",
     "sia_slurm.config",
@@ -30,6 +31,7 @@ FORBIDDEN = (
     "sia_slurm.policy",
     "sia_slurm.service",
     "sia_slurm.state",
+    "sia_slurm_dev",
 )
 LOADER = "launcher/settings.py"  # the one module that reads the config file
 
@@ -97,7 +99,8 @@ def _is_module(dotted: str) -> bool:
 
 
 def sia_imports(path: Path) -> set[str]:
-    """The ``sia_slurm`` modules ``path`` imports, anywhere in it (functions included);
+    """The ``sia_slurm`` (and ``sia_slurm_dev``) modules ``path`` imports, anywhere in it
+    (functions included);
     ``from sia_slurm.x import y`` counts as ``sia_slurm.x.y`` when ``y`` is a module."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -112,7 +115,7 @@ def sia_imports(path: Path) -> set[str]:
             ]
         else:
             continue
-        found.update(name for name in names if name.split(".")[0] == "sia_slurm")
+        found.update(name for name in names if name.split(".")[0] in ("sia_slurm", "sia_slurm_dev"))
     return found
 
 
@@ -128,8 +131,10 @@ def test_the_scan_sees_imports_inside_functions(tmp_path: Path) -> None:
         "import sia_slurm.state.db\n"
         "def f():\n    from sia_slurm import cli, __version__\n"
         "    from sia_slurm.policy.sia import SiaPolicy\n"
+        "    from sia_slurm_dev import DevCluster\n"
     )
     assert sia_imports(module) == {
+        "sia_slurm_dev",
         "sia_slurm.state.db",
         "sia_slurm.cli",
         "sia_slurm",

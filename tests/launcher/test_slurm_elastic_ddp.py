@@ -20,8 +20,8 @@ from torch.nn import functional as F
 from launcher.elastic.checkpoint import CheckpointManager
 from launcher.examples.ddp_parts import make_dataset, make_model
 from sia_slurm.config import load_config
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.protocol import StatePaths
+from sia_slurm_dev import DevCluster
 from tests.launcher.moves import (
     LIMITS,
     SHAPES,

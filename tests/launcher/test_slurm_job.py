@@ -29,7 +29,6 @@ from torch.nn import functional as F
 from launcher.elastic.checkpoint import CheckpointManager
 from launcher.examples.emulated import FEATURES, make_dataset
 from sia_slurm.config import load_config
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.model.batch import split_batch
 from sia_slurm.protocol import (
     Assignment,
@@ -44,6 +43,7 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.slurm.actuate.calls import SlurmCalls
+from sia_slurm_dev import DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
 DATASET = 96

@@ -14,9 +14,9 @@ import pytest
 
 from launcher.elastic.checkpoint import CheckpointManager
 from sia_slurm.config import load_config
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.protocol import Assignment, RunExit, StatePaths, exit_name, read_document
 from sia_slurm.protocol import write_document as write
+from sia_slurm_dev import DevCluster
 from tests.launcher.moves import (
     SHAPES,
     MovingJob,

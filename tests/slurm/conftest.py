@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.protocol import JobSpec, StatePaths, StopRequest, read_document, write_document
 from sia_slurm.slurm.runner import CommandError, CommandResult, SubprocessRunner
 from sia_slurm.state.tree import prepare, set_up
+from sia_slurm_dev import DevCluster
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 PROTOCOL_JOB = Path(__file__).resolve().parent / "protocol_job.py"

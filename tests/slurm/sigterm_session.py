@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster import DevCluster, DevClusterSpec
+from sia_slurm_dev import DevCluster, DevClusterSpec
 
 # What the stopping test reads: the report's name and the clusters' state directories.
 REPORT_VARIABLE = "SIA_SIGTERM_REPORT"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster import DevCluster, DevClusterSpec
-from sia_slurm.devcluster.accounts_spec import AccountingSpec
-from sia_slurm.devcluster.process import is_alive
-from sia_slurm.devcluster.slurmdbd import root_client
 from sia_slurm.slurm.observe.sacct import AccountingReader
 from sia_slurm.slurm.runner import CommandRunner
+from sia_slurm_dev import DevCluster, DevClusterSpec
+from sia_slurm_dev.accounts_spec import AccountingSpec
+from sia_slurm_dev.process import is_alive
+from sia_slurm_dev.slurmdbd import root_client
 from tests.accounting_site import ACCOUNTING_CLUSTER, ACCOUNTING_SPEC
 from tests.accounts import SharedTmp, TestAccounts
 from tests.release import TEST_PORT_BASE, TEST_SLURM

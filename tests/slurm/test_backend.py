@@ -14,7 +14,6 @@ import pytest
 
 from sia_slurm.cluster import BatchChoice, JobPhase, Move, Rebatch, Start, Stop
 from sia_slurm.core import Configuration
-from sia_slurm.devcluster.access import Account
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import (
     Assignment,
@@ -30,6 +29,7 @@ from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.commands import SQUEUE_JSON as SQUEUE
 from sia_slurm.slurm.runner import CommandResult
 from sia_slurm.state.tree import set_up
+from sia_slurm_dev.access import Account
 from tests.accounts import TestAccounts, run_as
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"

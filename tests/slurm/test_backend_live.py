@@ -17,11 +17,11 @@ import pytest
 from sia_slurm.cluster import BatchChoice, JobPhase, JobSnapshot, Move, Rebatch, Start, Stop
 from sia_slurm.config import parse_config
 from sia_slurm.core import Configuration
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import Assignment, StatePaths, read_document
 from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm_dev import DevCluster
 
 pytestmark = pytest.mark.slurm
 

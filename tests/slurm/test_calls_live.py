@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.slurm.actuate.calls import SlurmCalls
+from sia_slurm_dev import DevCluster
 from tests.cpuload import busy_cores
 
 pytestmark = pytest.mark.slurm

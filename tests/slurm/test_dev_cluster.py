@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
-from sia_slurm.devcluster import DevCluster, DevClusterSpec
-from sia_slurm.devcluster.process import DaemonRecord, is_alive
-from sia_slurm.devcluster.roots import mounts_under
 from sia_slurm.slurm.observe.inventory import parse_records, read_inventory
+from sia_slurm_dev import DevCluster, DevClusterSpec
+from sia_slurm_dev.process import DaemonRecord, is_alive
+from sia_slurm_dev.roots import mounts_under
 from tests.release import SECOND_PORT_OFFSET, TEST_PORT_BASE, TEST_RELEASE, TEST_SLURM
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.actuate.calls import refused_for_now, send_until_taken, update_pause_s
 from sia_slurm.slurm.observe.inventory import parse_records
 from sia_slurm.slurm.observe.jsonparse import job_state, number
+from sia_slurm_dev import DevCluster
 from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, run_as
 from tests.release import TEST_RELEASE, TRES_GPU
 

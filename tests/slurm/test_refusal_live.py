@@ -18,9 +18,9 @@ import pytest
 
 from launcher.grant import LaunchError, SlurmAllocation, check_allocation, record_refusal
 from sia_slurm.cluster import JobPhase, Start
-from sia_slurm.devcluster import DevCluster
 from sia_slurm.job_settings import JobSiteSettings
 from sia_slurm.protocol import Assignment, read_document
+from sia_slurm_dev import DevCluster
 from tests.slurm.test_backend_enforcement import job_of
 from tests.slurm.test_backend_live import backend_for, placed, slurm_job, wait_for_phase
 

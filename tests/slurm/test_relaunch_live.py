@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sia_slurm.cluster import JobPhase, Move, Start
-from sia_slurm.devcluster import DevCluster
+from sia_slurm_dev import DevCluster
 from tests.cpuload import busy_cores
 from tests.slurm.test_backend_live import backend_for, placed, wait_for_phase
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.devcluster import DevCluster
-from sia_slurm.devcluster.process import DaemonRecord, is_alive
+from sia_slurm_dev import DevCluster
+from sia_slurm_dev.process import DaemonRecord, is_alive
 from tests.release import SIGTERM_PORT_OFFSET, TEST_PORT_BASE
 from tests.slurm.sigterm_session import REPORT_VARIABLE
 

@@ -1,7 +1,12 @@
 """A real multi-node Slurm on one machine, with typed fake GPUs, for tests and demos.
 
+The distribution sia-slurm-dev (``dev/`` in the checkout: ``pip install -e ./dev``), apart from
+sia-slurm so that a site's controller host, which installs sia-slurm alone, carries none of this
+developer infrastructure (Debian roots, chroots, the MariaDB and slurmdbd bootstrap). It adds
+``sia-slurm dev-cluster`` (:mod:`sia_slurm_dev.cli`) to sia-slurm's command when installed.
+
 ``spec`` parses the cluster shape, ``slurm_conf`` writes slurm.conf and gres.conf (pure functions),
-``process`` starts and stops daemons by pid, and ``cluster`` ties them together behind
+``process`` starts and stops daemons by pid, and ``lifecycle`` ties them together behind
 ``DevCluster.up() / down() / status()``; ``controller_config`` renders the controller's sia.yaml
 for a cluster of that shape. ``roots`` builds a Debian root holding another Slurm release
 (24.11, 26.05) and ``chroot`` runs a cluster of that release inside it (``DevCluster(...,
@@ -16,9 +21,9 @@ slurm.conf choices that make a dead slurmd's node go DOWN in ~26 s and come back
 (SlurmdTimeout, ReturnToService) are explained in ``slurm_conf``; the operations live in ``faults``.
 """
 
-from sia_slurm.devcluster.controller_config import controller_config
-from sia_slurm.devcluster.lifecycle import DevCluster, DevClusterError
-from sia_slurm.devcluster.spec import DEFAULT_SPEC, DevClusterSpec, NodeGroupSpec
+from sia_slurm_dev.controller_config import controller_config
+from sia_slurm_dev.lifecycle import DevCluster, DevClusterError
+from sia_slurm_dev.spec import DEFAULT_SPEC, DevClusterSpec, NodeGroupSpec
 
 __all__ = [
     "DEFAULT_SPEC",

@@ -7,7 +7,7 @@ GPU limits of an :class:`AccountingSpec` with ``sacctmgr``, all before slurmctld
 then enforces associations, limits and QOS and stores each job's comment, so ``sacct`` can join
 the runs of one sia job).
 
-The spec (``--accounts FILE``) is :class:`~sia_slurm.devcluster.accounts_spec.AccountingSpec`.
+The spec (``--accounts FILE``) is :class:`~sia_slurm_dev.accounts_spec.AccountingSpec`.
 
 The invoking user and SlurmUser always get an association (with the first account), so the
 dev cluster's own checks and the controller keep working.
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sia_slurm.devcluster.accounts_spec import AccountingSpec, sacctmgr_commands
-from sia_slurm.devcluster.chroot import SYSTEM, SlurmPrograms
-from sia_slurm.devcluster.faults import DevClusterError
-from sia_slurm.devcluster.process import DaemonRecord, is_alive, start_daemon
-from sia_slurm.devcluster.slurm_conf import ClusterLayout
-from sia_slurm.devcluster.spec import DevClusterSpec
 from sia_slurm.safefiles import chown_path
+from sia_slurm_dev.accounts_spec import AccountingSpec, sacctmgr_commands
+from sia_slurm_dev.chroot import SYSTEM, SlurmPrograms
+from sia_slurm_dev.faults import DevClusterError
+from sia_slurm_dev.process import DaemonRecord, is_alive, start_daemon
+from sia_slurm_dev.slurm_conf import ClusterLayout
+from sia_slurm_dev.spec import DevClusterSpec
 
 PACKAGES = "slurmdbd mariadb-server"
 DB_PACKAGES = "mariadb-server libmariadb3"

@@ -11,7 +11,7 @@ drops to the account, and everything it writes (state, log, pid file) is made th
 first. slurmd stays the invoking user (root), because it must start each job as its owner.
 
 ``slurm``: ``system`` runs the host's Slurm; a release such as ``24.11`` runs daemons, client
-commands and jobs inside that release's cached Debian root (:mod:`sia_slurm.devcluster.chroot`:
+commands and jobs inside that release's cached Debian root (:mod:`sia_slurm_dev.chroot`:
 what is bound in, the client wrappers in ``<dir>/bin`` that :attr:`DevCluster.env` puts on PATH
 and :attr:`DevCluster.bin_dir` names for the controller's ``slurm.bin_dir``).
 """
@@ -30,10 +30,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from sia_slurm.devcluster import slurmdbd as acct
-from sia_slurm.devcluster.access import Account, untraversable
-from sia_slurm.devcluster.accounts_spec import AccountingSpecError
-from sia_slurm.devcluster.chroot import (
+from sia_slurm.model.profile import ProfileError
+from sia_slurm.safefiles import chmod_dir, chmod_path, chown_path
+from sia_slurm.slurm.observe.inventory import parse_nodes
+from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+from sia_slurm_dev import slurmdbd as acct
+from sia_slurm_dev.access import Account, untraversable
+from sia_slurm_dev.accounts_spec import AccountingSpecError
+from sia_slurm_dev.chroot import (
     SYSTEM,
     ChrootError,
     ChrootSlurm,
@@ -42,7 +46,7 @@ from sia_slurm.devcluster.chroot import (
     open_root,
     write_wrappers,
 )
-from sia_slurm.devcluster.faults import (  # noqa: F401 (the helpers: tests import them here)
+from sia_slurm_dev.faults import (  # noqa: F401 (the helpers: tests import them here)
     DaemonFaults,
     DevClusterError,
     Recorded,
@@ -51,13 +55,13 @@ from sia_slurm.devcluster.faults import (  # noqa: F401 (the helpers: tests impo
     _schedulable,
     parse_daemon,
 )
-from sia_slurm.devcluster.process import (
+from sia_slurm_dev.process import (
     DaemonRecord,
     is_alive,
     start_daemon,
     stop_daemons,
 )
-from sia_slurm.devcluster.slurm_conf import (
+from sia_slurm_dev.slurm_conf import (
     ClusterLayout,
     PowerSavingConfig,
     render_cgroup_conf,
@@ -67,12 +71,8 @@ from sia_slurm.devcluster.slurm_conf import (
     render_slurm_conf,
     render_task_prolog,
 )
-from sia_slurm.devcluster.spec import DevClusterSpec
-from sia_slurm.devcluster.speed import spec_variables
-from sia_slurm.model.profile import ProfileError
-from sia_slurm.safefiles import chmod_dir, chmod_path, chown_path
-from sia_slurm.slurm.observe.inventory import parse_nodes
-from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+from sia_slurm_dev.spec import DevClusterSpec
+from sia_slurm_dev.speed import spec_variables
 
 DEFAULT_DIR = Path("/tmp/sia-slurm-dev")
 DEFAULT_PORT_BASE = 16817

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from sia_slurm.devcluster.spec import DevClusterSpec
+from sia_slurm_dev.spec import DevClusterSpec
 
 # The dev cluster's GPU type names -> their throughput profiles (profiles/gpu_types.csv). A type
 # not listed is its own profile name; `sia-slurm config check` reports it if there is none.

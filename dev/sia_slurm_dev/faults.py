@@ -2,7 +2,7 @@
 dev cluster (``DevCluster`` inherits them from :class:`DaemonFaults`), and what ``cluster.json``
 records (:class:`Recorded`).
 
-Kept apart from :mod:`sia_slurm.devcluster.lifecycle` (bringing a cluster up and down) so each
+Kept apart from :mod:`sia_slurm_dev.lifecycle` (bringing a cluster up and down) so each
 reads on its own; the mixin uses the cluster's own steps (its record, runner and daemon
 starters), declared below for the reader and the type checker.
 """
@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.devcluster.chroot import SYSTEM, SlurmPrograms
-from sia_slurm.devcluster.process import (
+from sia_slurm.slurm.observe.inventory import parse_nodes, parse_records
+from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+from sia_slurm_dev.chroot import SYSTEM, SlurmPrograms
+from sia_slurm_dev.process import (
     DaemonRecord,
     descendants,
     is_alive,
@@ -24,10 +26,8 @@ from sia_slurm.devcluster.process import (
     node_job_processes,
     process_parents,
 )
-from sia_slurm.devcluster.slurm_conf import ClusterLayout
-from sia_slurm.devcluster.spec import DevClusterSpec
-from sia_slurm.slurm.observe.inventory import parse_nodes, parse_records
-from sia_slurm.slurm.runner import CommandError, SubprocessRunner
+from sia_slurm_dev.slurm_conf import ClusterLayout
+from sia_slurm_dev.spec import DevClusterSpec
 
 
 class DevClusterError(RuntimeError):

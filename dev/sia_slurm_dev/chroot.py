@@ -2,7 +2,7 @@
 
 The host's Slurm (``--slurm system``, Debian 12's 22.05) runs straight from the host. Any other
 release (``--slurm 24.11``/``26.05``) comes from the cached Debian root that
-:mod:`sia_slurm.devcluster.roots` builds, and everything of that release runs inside it:
+:mod:`sia_slurm_dev.roots` builds, and everything of that release runs inside it:
 
 - **daemons**: ``chroot <mount point> /usr/sbin/slurmd ...``. slurmd forks each job's
   slurmstepd, so batch scripts, ``srun`` and the trainers run inside the root too.
@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sia_slurm.devcluster.roots import MARKER, mounts_under
 from sia_slurm.safefiles import chmod_dir, chmod_path
 from sia_slurm.slurm.runner import CommandError, CommandRunner
+from sia_slurm_dev.roots import MARKER, mounts_under
 
 SYSTEM = "system"
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "slurmdbd")
@@ -254,7 +254,7 @@ def wrapper_text(command: str, release: str, mount_point: Path) -> str:
     target = in_root_path(command)
     return f"""#!/bin/sh
 # Slurm {release}'s {command}, from the dev cluster's root at {mount_point}
-# (written by `sia-slurm dev-cluster up`; sia_slurm/devcluster/chroot.py).
+# (written by `sia-slurm dev-cluster up`; dev/sia_slurm_dev/chroot.py).
 root={root}
 if [ ! -e "$root/{MARKER}" ]; then
     # Already inside the root (a job's srun): its command is right here.
@@ -401,12 +401,13 @@ def open_root(
     mounted at ``<cluster_dir>/root`` with the checkout, this Python, the cluster's directory
     and the host's /tmp and /home shared."""
     # Imported here: building roots pulls in the lock and debootstrap code only when needed.
-    from sia_slurm.devcluster.roots import RootError, ensure_root
+    from sia_slurm_dev.roots import RootError, ensure_root
 
     try:
         root = ensure_root(release, cache_dir, log=log)
     except RootError as exc:
         raise ChrootError(str(exc)) from None
+    # dev/sia_slurm_dev/chroot.py: two levels up is the checkout (sia_slurm, launcher, tests)
     checkout = Path(__file__).resolve().parents[2]
     wanted = [
         *(Path(d) for d in _HOST_DIRS if os.path.isdir(d)),

@@ -19,7 +19,7 @@ per type, through two variables a real cluster never sets:
   out-of-memory error would.
 
 A dev cluster type maps to a profile type as in the controller's config
-(:data:`~sia_slurm.devcluster.controller_config.DEFAULT_PROFILES`: ``a100`` -> ``dgx``); a type
+(:data:`~sia_slurm_dev.controller_config.DEFAULT_PROFILES`: ``a100`` -> ``dgx``); a type
 without a profile, or whose profile gives no memory size, is left out of the variable
 concerned (the job side then runs it at full speed, or with no memory limit).
 """
@@ -31,9 +31,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sia_slurm.devcluster.controller_config import DEFAULT_PROFILES
-from sia_slurm.devcluster.spec import DEFAULT_SPEC, DevClusterSpec
 from sia_slurm.model.profile import AppProfile, GpuType, ProfileSet, load_profiles
+from sia_slurm_dev.controller_config import DEFAULT_PROFILES
+from sia_slurm_dev.spec import DEFAULT_SPEC, DevClusterSpec
 
 SPEED_VARIABLE = "SIA_DEVCLUSTER_SPEED"
 MEMORY_VARIABLE = "SIA_DEVCLUSTER_MEMORY"

@@ -1,4 +1,8 @@
-"""``sia-slurm dev-cluster``: a real multi-node Slurm with typed fake GPUs on this machine."""
+"""``sia-slurm dev-cluster``: a real multi-node Slurm with typed fake GPUs on this machine.
+
+Part of sia-slurm-dev, not of sia-slurm: :mod:`sia_slurm.cli.main` adds this group to the
+``sia-slurm`` command when this package is installed, and says how to install it otherwise.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +12,22 @@ from pathlib import Path
 import click
 
 from sia_slurm.cli import CONTEXT_SETTINGS
-from sia_slurm.devcluster import (
+from sia_slurm.slurm.runner import CommandError
+from sia_slurm_dev import (
     DEFAULT_SPEC,
     DevCluster,
     DevClusterError,
     DevClusterSpec,
     controller_config,
 )
-from sia_slurm.devcluster.accounts_spec import (
+from sia_slurm_dev.accounts_spec import (
     DEFAULT_ACCOUNTS,
     AccountingSpec,
     AccountingSpecError,
 )
-from sia_slurm.devcluster.chroot import SYSTEM
-from sia_slurm.devcluster.lifecycle import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
-from sia_slurm.devcluster.roots import (
+from sia_slurm_dev.chroot import SYSTEM
+from sia_slurm_dev.lifecycle import DEFAULT_DIR, DEFAULT_PORT_BASE, parse_daemon
+from sia_slurm_dev.roots import (
     CACHE_ENV,
     DEFAULT_CACHE_DIR,
     DEFAULT_MIRROR,
@@ -30,7 +35,6 @@ from sia_slurm.devcluster.roots import (
     RootError,
     ensure_root,
 )
-from sia_slurm.slurm.runner import CommandError
 
 _DIR = click.option(
     "--dir",
@@ -144,7 +148,7 @@ to eval:  eval "$(sia-slurm dev-cluster up)"
     "accounts_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="YAML spec of accounts, users and QOS for --accounting (sia_slurm/devcluster/"
+    help="YAML spec of accounts, users and QOS for --accounting (dev/sia_slurm_dev/"
     "accounting.py); default: accounts physics and biology, shares 1:1.",
 )
 def up(

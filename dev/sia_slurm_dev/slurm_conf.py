@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.devcluster.spec import DevClusterSpec
+from sia_slurm_dev.spec import DevClusterSpec
 
 
 @dataclass(frozen=True)
@@ -283,7 +283,7 @@ def render_task_prolog(variables: Mapping[str, str]) -> str:
 
     slurmstepd runs it as the job's user before every task, the batch script included, and
     adds each such line of its output to the task's environment (Slurm's documented TaskProlog
-    protocol), so the dev cluster's emulation variables (sia_slurm/devcluster/speed.py) reach
+    protocol), so the dev cluster's emulation variables (dev/sia_slurm_dev/speed.py) reach
     the training processes however the job was submitted, and no real cluster's jobs ever see
     them. Slurm takes the value verbatim (no shell unquoting), so it must be a plain word.
     """
