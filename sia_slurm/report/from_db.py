@@ -1,6 +1,6 @@
 """The dashboard from the controller's state database (``<state_dir>/sia.db``).
 
-What comes from where (schema: :mod:`sia_slurm.state.store`):
+What comes from where (schema: :mod:`sia_slurm.state.schema`):
 
 * GPU types and their totals: the last round's ``rounds.gpus`` (else the last snapshot's nodes);
 * one :class:`RoundPoint` per ``rounds`` row: GPUs the round allocated and GPUs usable per
@@ -55,8 +55,8 @@ from sia_slurm.protocol import METRICS_FILE, MetricsReport, ProtocolError, State
 from sia_slurm.report.report_data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
 from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.state import RoundRow, Store, StoreError
-from sia_slurm.state.store import GONE, round_row
-from sia_slurm.state.store import JobRow as StoredJob
+from sia_slurm.state.rows import GONE, round_row
+from sia_slurm.state.rows import JobRow as StoredJob
 from sia_slurm.userfiles import JobDirectory
 
 NO_CONFIG = "-"
