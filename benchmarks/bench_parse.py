@@ -28,7 +28,7 @@ from typing import Any
 
 from blas import single_threaded
 
-from sia_slurm.slurm.backend import gpus_held
+from sia_slurm.slurm.observe.capacity import gpus_held
 from sia_slurm.slurm.observe.hostlist import expand_hostlist
 from sia_slurm.slurm.observe.inventory import parse_nodes
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json

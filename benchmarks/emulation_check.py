@@ -12,7 +12,7 @@ metrics report of each job that runs the emulated trainer two ways:
 2. **The dashboard's columns.** The predicted and the measured goodput of ``sia-slurm
    report``'s job table must agree within the tolerance. Both are of the shape the job's
    newest report measured, on that report's statistical efficiency (issue 34,
-   ``sia_slurm/report/from_db.py`` ``goodput_pair``), so they differ by the throughput
+   ``sia_slurm/report/goodput.py`` ``goodput_pair``), so they differ by the throughput
    model's error there: this one measures the goodput model's fit, not only the emulation.
    On the demo of 2026-11-26, yolov3's prediction was 30% off what it measured at the step
    time its profile gives (the model's worst fit, docs/concepts/goodput.md).

@@ -8,7 +8,9 @@ the job on more than one GPU, its multi-GPU goodput is projected from a type B t
 
 where ``xput1(t)`` is the best measured 1-GPU throughput on type t. After its first multi-GPU run,
 type A's own model is used. If no type has multi-GPU data yet, each type's own model (fitted to
-1-GPU data only, so with zero network cost) predicts linear scaling.
+1-GPU data only, so with zero network cost) predicts linear scaling. This module fits the
+types' models and caches their grids; the projection itself, over arrays, is
+:mod:`sia_slurm.model.bootstrap`.
 
 Gradient statistics are a property of the model and data, not the hardware, so one
 :class:`GradientStats` is shared by every type (a measurement on any type informs all of them).
@@ -35,13 +37,12 @@ from sia_slurm.model.batch import (
     RowLimits,
     choose_batch,
     choose_batch_rows,
-    split_micro_batches,
-    throughput_grid,
 )
+from sia_slurm.model.bootstrap import PlanInputs, TypeTable, plan_inputs, projected_grid
 from sia_slurm.model.efficiency import NO_STATS, GradientStats
 from sia_slurm.model.fit import Observation, fit_observations
 from sia_slurm.model.profile import AppProfile
-from sia_slurm.model.throughput import StackedParams, ThroughputParams
+from sia_slurm.model.throughput import ThroughputParams
 
 _PLAN_CACHE_SIZE = 8
 # A repeated measurement of a known shape triggers a refit only when it moves that shape's mean
@@ -96,18 +97,6 @@ class _RowKey:
         )
 
 
-@dataclass(frozen=True)
-class _TypeTable:
-    """A job's fitted types as arrays; the last row stands in for types without data."""
-
-    index: dict[str, int]  # profile GPU type -> row
-    params: npt.NDArray[np.float64]  # (T + 1, 7), PARAM_NAMES order
-    xput1: npt.NDArray[np.float64]  # (T + 1,)
-    max_local_bsz: npt.NDArray[np.int64]  # (T + 1,), 0 for the stand-in row
-    multi_gpu: npt.NDArray[np.bool_]  # (T + 1,), has own multi-GPU data
-    reference: int  # row of the projection source type B, -1 if none
-
-
 @dataclass
 class _ShapeMean:
     """Running mean of repeated measurements of one shape, and the mean the model last saw."""
@@ -155,7 +144,7 @@ class JobGoodputEstimator:
         self._points: dict[str, dict[tuple[int, int, int], _ShapeMean]] = {}
         self._models: dict[str, TypeModel] = {}
         self._dirty: set[str] = set()
-        self._table: _TypeTable | None = None
+        self._table: TypeTable | None = None
         self._plans: dict[_RowKey, CandidateGrid] = {}
         for gpu_type, observations in (seed or {}).items():
             self.observe_many(gpu_type, observations)
@@ -343,7 +332,7 @@ class JobGoodputEstimator:
                 rows[i] = row
         return rows  # type: ignore[return-value]
 
-    def _type_table(self) -> _TypeTable:
+    def _type_table(self) -> TypeTable:
         """Every fitted type as rows of arrays, so a row of configurations indexes, not loops."""
         if self._table is None:
             names = sorted(self._points)
@@ -351,7 +340,7 @@ class JobGoodputEstimator:
             reference = self.reference_type()
             usable = [m for m in models if m is not None]
             params = [m.params for m in usable] + [_UNUSABLE]
-            self._table = _TypeTable(
+            self._table = TypeTable(
                 index={m.gpu_type: i for i, m in enumerate(usable)},
                 params=np.array([p.to_array() for p in params]),
                 xput1=np.array([m.xput1 for m in usable] + [1.0]),
@@ -364,128 +353,16 @@ class JobGoodputEstimator:
     def _plan(self, configs: tuple[Configuration, ...], fixed_batch: bool) -> CandidateGrid:
         """Candidate grid with throughput for each configuration, bootstrap projection applied."""
         fixed = self._fixed_batch_size if fixed_batch else None
-        return _grid(_plan_inputs((self,), configs), self._limits, fixed, self._num_candidates)
-
-
-@dataclass(frozen=True)
-class _PlanInputs:
-    """Inputs of the candidate grid, one entry per (job, configuration) row, job-major."""
-
-    params: npt.NDArray[np.float64]  # (R, 7) parameters of the model evaluated
-    nodes: npt.NDArray[np.int64]
-    gpus: npt.NDArray[np.int64]
-    source_limit: npt.NDArray[np.int64]  # max_local_bsz of the type whose model is evaluated
-    target_limit: npt.NDArray[np.int64]  # max_local_bsz of the type that would run
-    ratio: npt.NDArray[np.float64]  # xput1(A) / xput1(B) where projected, else 1
-    projected: npt.NDArray[np.bool_]
-
-    def rows(self, index: slice) -> _PlanInputs:
-        """The inputs of a range of rows (views)."""
-        return _PlanInputs(*(getattr(self, f.name)[index] for f in fields(_PlanInputs)))
+        return projected_grid(
+            _plan_inputs((self,), configs), self._limits, fixed, self._num_candidates
+        )
 
 
 def _plan_inputs(
     jobs: Sequence[JobGoodputEstimator], configs: tuple[Configuration, ...]
-) -> _PlanInputs:
-    """Which model evaluates each (job, configuration), and the bootstrap ratio applied to it.
-
-    The jobs' type tables are stacked into one table, so every job is resolved in one numpy
-    pass; the only Python work per job is a dict lookup per distinct GPU type of ``configs``.
-    A job's rows in the stacked table start at ``first``; its last row is the stand-in for
-    types it has no data on (max_local_bsz 0: infeasible, never projected).
-    """
-    columns = {name: i for i, name in enumerate(dict.fromkeys(c.gpu_type for c in configs))}
-    type_of, nodes, gpus = np.array(
-        [(columns[c.gpu_type], c.nodes, c.gpus) for c in configs], dtype=np.int64
-    ).T.reshape(3, len(configs))
-    tables = [job._type_table() for job in jobs]
-    own_rows: list[list[int]] = []  # per job: its table row of each GPU type in ``columns``
-    reference_rows: list[int] = []  # per job: its row of type B, -1 if none
-    first = 0
-    for job, table in zip(jobs, tables, strict=True):
-        stand_in = len(table.index)
-        aliases = job._aliases
-        own_rows.append([first + table.index.get(aliases.get(n, n), stand_in) for n in columns])
-        reference_rows.append(first + table.reference if table.reference >= 0 else -1)
-        first += stand_in + 1
-    params, xput1, max_local_bsz, multi_gpu = (
-        _stack([getattr(t, name) for t in tables])
-        for name in ("params", "xput1", "max_local_bsz", "multi_gpu")
-    )
-    own = np.array(own_rows, dtype=np.intp).reshape(len(jobs), len(columns))[:, type_of]
-    reference = np.array(reference_rows, dtype=np.intp)[:, None]
-    target_limit = max_local_bsz[own]  # (J, C)
-    projected = (gpus > 1) & (target_limit > 0) & ~multi_gpu[own] & (reference >= 0)
-    source = np.where(projected, reference, own).reshape(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):  # only projected entries are kept
-        ratio = np.where(projected, xput1[own] / xput1[reference], 1.0).reshape(-1)
-    return _PlanInputs(
-        params=params[source],
-        nodes=np.tile(nodes, len(jobs)),
-        gpus=np.tile(gpus, len(jobs)),
-        source_limit=max_local_bsz[source],
-        target_limit=target_limit.reshape(-1),
-        ratio=ratio,
-        projected=projected.reshape(-1),
-    )
-
-
-def _stack(arrays: list[npt.NDArray[np.generic]]) -> npt.NDArray[np.generic]:
-    """``np.concatenate``, without the copy for one array (the per-job path)."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-
-def _grid(
-    inputs: _PlanInputs,
-    limits: BatchLimits | RowLimits,
-    fixed_batch_size: npt.ArrayLike | None,
-    num_candidates: int,
-) -> CandidateGrid:
-    """The candidate grid of :func:`throughput_grid`, with Sia's projection applied.
-
-    A projected configuration (type A, no multi-GPU data) is evaluated with type B's model and
-    memory limit (goodput(B, n, K)), scaled by xput1(A)/xput1(B), and its candidate batches are
-    re-split for A's memory, since A is where the job would run. Only the projected rows are
-    touched (in place): the ratio is 1 elsewhere.
-    """
-    grid = throughput_grid(
-        StackedParams.from_table(inputs.params, (len(inputs.gpus), 1)),
-        inputs.nodes,
-        inputs.gpus,
-        inputs.source_limit,
-        limits,
-        fixed_batch_size=fixed_batch_size,
-        num_candidates=num_candidates,
-    )
-    rows = np.flatnonzero(inputs.projected)
-    if rows.size:
-        _project(grid, rows, inputs.gpus[rows], inputs.target_limit[rows], inputs.ratio[rows])
-    return grid
-
-
-def _project(
-    grid: CandidateGrid,
-    rows: npt.NDArray[np.intp],
-    gpus: npt.NDArray[np.int64],
-    target_limit: npt.NDArray[np.int64],
-    ratio: npt.NDArray[np.float64],
-) -> None:
-    """Scale ``rows`` of ``grid`` by the xput1 ratio and re-split their batches for type A."""
-    grid.throughput[rows] *= ratio[:, None]
-    batch_size = grid.batch_size[rows]
-    k = gpus[:, None].astype(np.float64)
-    local_a, micro_a = split_micro_batches(batch_size, k, target_limit[:, None])
-    realised_a = k * local_a
-    realised_a *= micro_a
-    accum_a = np.subtract(micro_a, 1.0, out=micro_a)
-    use_a = grid.local_bsz[rows] > 0  # infeasible candidates keep their placeholders
-    if not use_a.all():
-        realised_a = np.where(use_a, realised_a, batch_size)
-        local_a = np.where(use_a, local_a, grid.local_bsz[rows])
-        accum_a = np.where(use_a, accum_a, grid.accum_steps[rows])
-    grid.batch_size[rows] = realised_a
-    grid.local_bsz[rows] = local_a
-    grid.accum_steps[rows] = accum_a
+) -> PlanInputs:
+    """:func:`~sia_slurm.model.bootstrap.plan_inputs` of these jobs' type tables and aliases."""
+    return plan_inputs([job._type_table() for job in jobs], [job._aliases for job in jobs], configs)
 
 
 def evaluate_jobs(
@@ -546,7 +423,7 @@ class _ColdPlans:
 
     jobs: Sequence[JobGoodputEstimator]
     key: _RowKey
-    inputs: _PlanInputs
+    inputs: PlanInputs
     limits: RowLimits
     fixed_batch_size: npt.NDArray[np.int64] | None
 
@@ -569,7 +446,7 @@ class _ColdPlans:
         cells = slice(first * count, stop * count)
         jobs = self.jobs[first:stop]
         fixed = None if self.fixed_batch_size is None else self.fixed_batch_size[cells]
-        grid = _grid(
+        grid = projected_grid(
             self.inputs.rows(cells), self.limits.rows(cells), fixed, jobs[0]._num_candidates
         )
         per_job = (

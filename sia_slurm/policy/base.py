@@ -155,7 +155,7 @@ class JobAllocation:
     # The predicted raw samples per second of ``config`` at this batch (``goodput`` is this
     # times the statistical efficiency of the round's gradient statistics). Kept apart so the
     # dashboard can set a prediction against a measurement with the *same* statistics: a job's
-    # statistics move between the round that decided and its last report (report/from_db.py).
+    # statistics move between the round that decided and its last report (report/goodput.py).
     throughput: float = 0.0
 
 

@@ -1,6 +1,6 @@
 """The dashboard from the controller's state database (``<state_dir>/sia.db``).
 
-What comes from where (schema: :mod:`sia_slurm.state.store`):
+What comes from where (schema: :mod:`sia_slurm.state.schema`):
 
 * GPU types and their totals: the last round's ``rounds.gpus`` (else the last snapshot's nodes);
 * one :class:`RoundPoint` per ``rounds`` row: GPUs the round allocated and GPUs usable per
@@ -16,20 +16,19 @@ What comes from where (schema: :mod:`sia_slurm.state.store`):
   ``<stage>: <why>``, as the row's ``note`` (see :func:`quarantined_rows`); a job out of
   quarantine shows its phase again;
 * the *measured* and *predicted* goodput of a job, a pair that means the same thing
-  (:func:`goodput_pair`, issue 34): both are for the shape the job's newest metrics report
-  measured (GPU type, nodes, GPUs, per-GPU batch, accumulation), and both apply the
-  statistical efficiency of that report's gradient statistics at its batch relative to M0.
-  Measured: the report's throughput times it. Predicted: the throughput the controller
-  predicted for that shape in the newest decision that assigned exactly it, times it. So the
-  two differ by the throughput model's error on what the job ran, and by nothing else: not by
-  a batch or a move decided after the report (which the job may never have run), not by
-  statistics that moved since the decision (a demo job goes through its whole training in
-  minutes). Without a report the predicted goodput is the last granting decision's own; a
-  database written before decisions kept their throughput (schema 1) gives the matching
-  decision's own goodput, with the statistics of its round. Reports of finished jobs are
-  dropped from the database, so for them the job's metrics file
-  (``<state_dir>/jobs/<id>/metrics.json``, the last report the job wrote) is read when a
-  state directory is given;
+  (:mod:`~sia_slurm.report.goodput`, issue 34): both are for the shape the job's newest metrics
+  report measured (GPU type, nodes, GPUs, per-GPU batch, accumulation), and both apply the
+  statistical efficiency of that report's gradient statistics at its batch relative to M0. Measured:
+  the report's throughput times it. Predicted: the throughput the controller predicted for that
+  shape in the newest decision that assigned exactly it, times it. So the two differ by the
+  throughput model's error on what the job ran, and by nothing else: not by a batch or a move
+  decided after the report (which the job may never have run), not by statistics that moved since
+  the decision (a demo job goes through its whole training in minutes). Without a report the
+  predicted goodput is the last granting decision's own; a database written before decisions kept
+  their throughput (schema 1) gives the matching decision's own goodput, with the statistics of its
+  round. Reports of finished jobs are dropped from the database, so for them the job's metrics file
+  (``<state_dir>/jobs/<id>/metrics.json``, the last report the job wrote) is read when a state
+  directory is given;
 * the *accounted* GPU-hours of a job, when the caller passes what Slurm accounting charged
   each job over all its Slurm runs (``sia-slurm report --config`` asks ``sacct`` exactly as
   ``sia-slurm status`` does); without it every row's ``accounted_gpu_hours`` is ``None``.
@@ -41,47 +40,24 @@ spirit (nothing is written; the store's open never migrates an up-to-date schema
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from sia_slurm.controller import Decision
 from sia_slurm.controller.profiling import PROFILING_NOTE
 from sia_slurm.controller.quarantine import QUARANTINED
-from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.protocol import METRICS_FILE, MetricsReport, ProtocolError, StatePaths, from_json
+from sia_slurm.report.goodput import DecisionPoint, goodput_pair
 from sia_slurm.report.report_data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
+from sia_slurm.report.sources import NO_CONFIG, ReportSourceError, parse_config, summary_pairs
 from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.state import RoundRow, Store, StoreError
-from sia_slurm.state.store import GONE, round_row
-from sia_slurm.state.store import JobRow as StoredJob
+from sia_slurm.state.rows import GONE, round_row
+from sia_slurm.state.rows import JobRow as StoredJob
 from sia_slurm.userfiles import JobDirectory
 
-NO_CONFIG = "-"
 UNKNOWN_APP = "?"  # the app of a job the controller has no row of (never read)
-
-
-class ReportSourceError(ValueError):
-    """A report source (database, simulation output) cannot be read; names file and field."""
-
-
-@dataclass(frozen=True)
-class _DecisionPoint:
-    """One job's decision in one round, as the timeline needs it: ``after`` is the
-    configuration the job has after the round (for a quarantined job the one it held)."""
-
-    round_index: int
-    time: float
-    after: str
-    batch_size: int
-    goodput: float
-    quarantined: bool = False
-    profiling: bool = False  # the job was profiling (docs/profiling.md)
-    local_bsz: int = 0
-    accum_steps: int = 0
-    throughput: float = 0.0  # predicted raw samples/s of ``after`` (0: not kept, schema 1)
 
 
 def report_from_db(
@@ -156,17 +132,17 @@ def _rounds(store: Store) -> list[RoundRow]:
     return decoded
 
 
-def _decisions(store: Store) -> dict[str, list[_DecisionPoint]]:
+def _decisions(store: Store) -> dict[str, list[DecisionPoint]]:
     rows = store.conn.execute(
         "SELECT d.round_index, d.sia_id, d.action, d.before, d.after, d.batch_size, d.goodput, "
         "d.note, d.local_bsz, d.accum_steps, d.throughput, r.time FROM decisions d "
         "JOIN rounds r ON r.round_index = d.round_index ORDER BY d.sia_id, d.round_index"
     ).fetchall()
-    by_job: dict[str, list[_DecisionPoint]] = {}
+    by_job: dict[str, list[DecisionPoint]] = {}
     for row in rows:
         held = row["action"] == QUARANTINED  # sat the round out, keeping what it held
         by_job.setdefault(row["sia_id"], []).append(
-            _DecisionPoint(
+            DecisionPoint(
                 row["round_index"],
                 row["time"],
                 row["before"] if held else row["after"],
@@ -248,21 +224,9 @@ def _round_point(row: RoundRow, origin: float) -> RoundPoint:
     )
 
 
-def parse_config(text: str) -> tuple[str, int, int] | None:
-    """``"a100:1x4"`` -> ``("a100", 1, 4)`` (a :class:`~sia_slurm.core.Configuration`'s str);
-    ``"-"`` -> ``None``."""
-    if text == NO_CONFIG:
-        return None
-    gpu_type, sep, shape = text.rpartition(":")
-    nodes, x, gpus = shape.partition("x")
-    if not sep or not x or not nodes.isdigit() or not gpus.isdigit():
-        raise ReportSourceError(f"configuration: expected TYPE:NODESxGPUS or '-', got {text!r}")
-    return gpu_type, int(nodes), int(gpus)
-
-
 def _job_row(
     job: StoredJob,
-    decisions: Sequence[_DecisionPoint],
+    decisions: Sequence[DecisionPoint],
     report: MetricsReport | None,
     origin: float,
     end: float,
@@ -302,7 +266,7 @@ def _job_row(
     )
 
 
-def profiling_time(decisions: Sequence[_DecisionPoint]) -> float | None:
+def profiling_time(decisions: Sequence[DecisionPoint]) -> float | None:
     """How long the job profiled: from its first decision to the first that no longer says
     it profiles (``None`` if it never profiled; to its last decision while it still does)."""
     if not decisions or not decisions[0].profiling:
@@ -348,7 +312,7 @@ def quarantined_rows(
 
 
 def segments_from_decisions(
-    decisions: Sequence[_DecisionPoint], end: float, origin: float
+    decisions: Sequence[DecisionPoint], end: float, origin: float
 ) -> tuple[Segment, ...]:
     """Runs of rounds with the same granted configuration; each ends where the next decision
     changes it (or the job ends at ``end``)."""
@@ -369,98 +333,3 @@ def _segment(current: tuple[float, str], end: float, origin: float) -> Segment:
     config = parse_config(current[1])
     assert config is not None
     return Segment(current[0] - origin, end - origin, config[0], config[2])
-
-
-def measured_goodput(report: MetricsReport, init_batch_size: int) -> float:
-    """Goodput of a reported shape: samples per second times statistical efficiency at M0.
-
-    One optimizer step runs ``accum_steps`` non-synchronising micro-batches (compute only) and
-    one synchronising one (``step_time``, sync included). Without an M0 (0) the efficiency is
-    taken as 1 (the throughput is shown).
-    """
-    batch = report.gpus * report.local_bsz * (report.accum_steps + 1)
-    iteration = report.accum_steps * (report.step_time - report.sync_time) + report.step_time
-    return batch / iteration * report_efficiency(report, init_batch_size)
-
-
-def report_efficiency(report: MetricsReport, init_batch_size: int) -> float:
-    """Statistical efficiency of the report's gradient statistics at the report's global
-    batch, relative to M0 (1.0 without an M0): the one factor both goodput columns apply."""
-    if init_batch_size <= 0:
-        return 1.0
-    batch = report.gpus * report.local_bsz * (report.accum_steps + 1)
-    stats = GradientStats(report.grad_sqr, report.grad_var)
-    return float(efficiency(stats, init_batch_size, batch))
-
-
-def goodput_pair(
-    report: MetricsReport, decisions: Sequence[_DecisionPoint], init_batch_size: int
-) -> tuple[float | None, float]:
-    """(predicted, measured) goodput of the shape ``report`` measured, on the same statistics.
-
-    Why not the last decision's goodput against the report (what the dashboard showed before,
-    2-21x apart on the demo's short jobs): that decision may be a rebatch or a move the job
-    never ran (it finished first), and its goodput carries the statistics of its round, while
-    the report's are the job's newest; an emulated demo job goes through its app's whole
-    statistical trajectory in minutes (ncf: efficiency 0.37 at the decision, 0.999 at its
-    last report). So the prediction is taken from the newest decision that assigned exactly
-    the reported shape (not a quarantined or profiling round, whose numbers are placeholders),
-    and its predicted throughput is put on the report's statistical efficiency, the factor
-    the measured side applies too. ``None`` when no decision assigned that shape (nothing was
-    predicted for it). A decision without a kept throughput (schema 1) gives its own goodput.
-    """
-    measured = measured_goodput(report, init_batch_size)
-    shape = (f"{report.gpu_type}:{report.nodes}x{report.gpus}", report.local_bsz)
-    for point in reversed(decisions):
-        if point.quarantined or point.profiling or point.goodput <= 0:
-            continue
-        if ((point.after, point.local_bsz), point.accum_steps) != (shape, report.accum_steps):
-            continue
-        if point.throughput <= 0:  # decided before decisions kept it: the goodput it had
-            return point.goodput, measured
-        return point.throughput * report_efficiency(report, init_batch_size), measured
-    return None, measured
-
-
-# ----------------------------------------------------------------------------------------------
-# Summary (shared with the simulation source)
-
-
-def summary_pairs(
-    jobs: Sequence[JobRow], rounds: Sequence[RoundPoint], extra: Mapping[str, str] | None = None
-) -> tuple[tuple[str, str], ...]:
-    """Jobs done, average and p99 JCT, makespan, restarts per job, the GPU-hours Slurm
-    accounting charged (when known), jobs quarantined (when any), median solve time."""
-    jcts = sorted(j.jct_s for j in jobs if j.jct_s is not None)
-    done = [j for j in jobs if j.jct_s is not None and j.finish_time is not None]
-    pairs: list[tuple[str, str]] = [("jobs", f"{len(done)}/{len(jobs)} done")]
-    if jcts:
-        pairs.append(("avg JCT", _duration(statistics.fmean(jcts))))
-        pairs.append(("p99 JCT", _duration(jcts[int(0.99 * len(jcts))])))
-        start = min(j.submit_time for j in done)
-        finish = max(j.finish_time for j in done if j.finish_time is not None)
-        pairs.append(("makespan", _duration(finish - start)))
-    if jobs:
-        pairs.append(("restarts/job", f"{sum(j.restarts for j in jobs) / len(jobs):.2f}"))
-    accounted = [j.accounted_gpu_hours for j in jobs if j.accounted_gpu_hours is not None]
-    if accounted:  # Slurm accounting's charge, all runs of all jobs (absent without it)
-        pairs.append(("GPU-h (sacct)", f"{sum(accounted):.3f}"))
-    quarantined = sum(j.state == QUARANTINED for j in jobs)
-    if quarantined:  # not scheduled this round; the job table's note says why
-        pairs.append(("quarantined", str(quarantined)))
-    solve = sorted(r.solve_ms for r in rounds if r.solve_ms is not None)
-    if solve:
-        pairs.append(("rounds", str(len(rounds))))
-        pairs.append(("median solve", f"{solve[len(solve) // 2]:.1f} ms"))
-    pairs += list((extra or {}).items())
-    return tuple(pairs)
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "-"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.2f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.0f} s"

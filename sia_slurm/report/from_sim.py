@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sia_slurm.report.from_db import ReportSourceError, parse_config, summary_pairs
 from sia_slurm.report.report_data import GpuTypeTotal, JobRow, ReportData, RoundPoint, Segment
+from sia_slurm.report.sources import ReportSourceError, parse_config, summary_pairs
 from sia_slurm.sim.clusterfile import ClusterError, load_cluster
 from sia_slurm.sim.workload import WorkloadError, load_workload
 

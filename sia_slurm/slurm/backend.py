@@ -34,7 +34,7 @@ from sia_slurm.cluster import (
     JobSnapshot,
 )
 from sia_slurm.config import SiaConfig
-from sia_slurm.core import Configuration, NodeShare, NodeView
+from sia_slurm.core import Configuration, NodeShare
 from sia_slurm.protocol import (
     PROFILED_FILE,
     Assignment,
@@ -52,7 +52,8 @@ from sia_slurm.protocol import (
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.actuate.actuator import Actuator
 from sia_slurm.slurm.actuate.enforce import Enforcement, enforce
-from sia_slurm.slurm.observe.inventory import NodeInfo, parse_nodes
+from sia_slurm.slurm.observe.capacity import gpus_held, node_views, phantom_gpus, phantom_message
+from sia_slurm.slurm.observe.inventory import parse_nodes
 from sia_slurm.slurm.observe.jobfiles import (
     DocumentCache,
     LostSubmissions,
@@ -175,7 +176,7 @@ class SlurmBackend:
         rejected += self.lost.scan(set(view.known_ids), time.time(), self._lost_after_s)
         return ClusterSnapshot(
             time=now,
-            nodes=self._node_views(nodes, reserved, unmanaged, phantom),
+            nodes=node_views(nodes, self.partition_types, reserved, unmanaged, phantom),
             jobs=tuple(jobs),
             reports=tuple(reports),
             rejected=tuple(self._once(rejected)),
@@ -450,36 +451,6 @@ class SlurmBackend:
         writes it just before sbatch, and a pending job shows in squeue at once."""
         return max(3 * self.config.round_seconds, 30.0)
 
-    def _node_views(
-        self,
-        nodes: tuple[NodeInfo, ...],
-        reserved: set[str],
-        unmanaged: list[SlurmJob],
-        phantom: Mapping[str, tuple[int, int]] | None = None,
-    ) -> tuple[NodeView, ...]:
-        """Nodes of configured partitions; usable GPUs net of state, reservations, the GPUs
-        held by jobs that are not current managed jobs, and phantom ones (Slurm counts them
-        used, no job holds them: :func:`phantom_gpus`)."""
-        taken = gpus_held(unmanaged)
-        for node, (used, held) in (phantom or {}).items():
-            taken[node] = taken.get(node, 0) + used - held
-        views = []
-        for node in nodes:
-            gpu_type = next(
-                (self.partition_types[p] for p in node.partitions if p in self.partition_types),
-                None,
-            )
-            if gpu_type is None:
-                continue
-            total = node.gpus(gpu_type) or node.gpus()
-            if total < 1:
-                continue
-            usable = 0
-            if node.usable and node.name not in reserved:
-                usable = max(0, total - taken.get(node.name, 0))
-            views.append(NodeView(node.name, gpu_type, total, usable))
-        return tuple(views)
-
     def _once(self, messages: list[str]) -> list[str]:
         """Messages not reported in an earlier round (a bad file stays bad for a while)."""
         fresh = [m for m in dict.fromkeys(messages) if m not in self._reported]
@@ -556,38 +527,3 @@ def _granted_run(job: SlurmJob, assignment: Assignment | None) -> bool:
 
 def _batch_of(assignment: Assignment) -> BatchChoice:
     return BatchChoice(assignment.batch_size, assignment.local_bsz, assignment.accum_steps)
-
-
-def gpus_held(jobs: Sequence[SlurmJob]) -> dict[str, int]:
-    """GPUs the ``jobs`` hold, by node (one pass over the jobs, whatever the node count)."""
-    held: dict[str, int] = {}
-    for job in jobs:
-        for node in job.nodes:
-            held[node] = held.get(node, 0) + job.gpus_on(node)
-    return held
-
-
-def phantom_gpus(nodes: Sequence[NodeInfo], held: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-    """Nodes where Slurm counts more GPUs as allocated (``GresUsed``) than its jobs hold
-    (``held``, from :func:`gpus_held`), with both counts: Slurm will not start a job on them,
-    so they are no capacity for the policy (which would otherwise grant them round after round
-    to a job that never starts).
-
-    Seen on 22.05.8: after a slurmd that died alone came back beside its job's new run
-    ("Registered JobId=J StepId=J.batch on wrong node"), the job's later requeue left
-    ``GresUsed=gpu:a100:2`` on an idle node. A job ending between the two reads of a snapshot
-    shows as phantom for one round, which only errs on the safe side."""
-    return {
-        node.name: (node.gpus_used, held.get(node.name, 0))
-        for node in nodes
-        if node.gpus_used > held.get(node.name, 0)
-    }
-
-
-def phantom_message(node: str, used: int, held: int) -> str:
-    """What the snapshot says, once, of a node with phantom GPUs."""
-    return (
-        f"node {node}: Slurm counts {used} GPU(s) allocated, its jobs hold {held}; "
-        f"{used - held} left out until Slurm frees them (restarting slurmctld rebuilds its GPU "
-        "accounting from the jobs)"
-    )

@@ -17,7 +17,7 @@ from sia_slurm.slurm.observe.jsonparse import SlurmJob
 
 # Observation: one command per kind per round.
 # -d adds GresUsed: the GPUs Slurm counts as allocated (phantom ones included, see
-# SlurmBackend._node_views).
+# slurm/observe/capacity.py).
 SHOW_NODES = ("scontrol", "-d", "-o", "show", "node")
 SHOW_RESERVATIONS = ("scontrol", "-o", "show", "reservation")
 # --all: hidden partitions too; --states=all: finished jobs too (23.02+ honour filters with

@@ -1,6 +1,7 @@
 """The controller's durable state: one SQLite database under ``state_dir``, and the files beside it.
 
-:class:`Store` owns the file and the job/round/decision tables, :class:`Journal` the action
+:class:`Store` owns the file and the job/round/decision tables (:mod:`.schema` the statements
+that create and upgrade them, :mod:`.rows` their rows decoded), :class:`Journal` the action
 journal (every action committed before it is issued), :mod:`.memory` how the controller's memory
 (goodput-model inputs, previous allocation, round index) is kept so a new process continues a
 run, :mod:`.profiles` the profiles measured on the site and :mod:`.tree` the state directory.
@@ -20,7 +21,9 @@ from sia_slurm.state.memory import (
     JobMemory,
     RestoreNote,
 )
-from sia_slurm.state.store import SCHEMA_VERSION, JobRow, RoundRow, Store, StoreError
+from sia_slurm.state.rows import JobRow, RoundRow
+from sia_slurm.state.schema import SCHEMA_VERSION
+from sia_slurm.state.store import Store, StoreError
 
 __all__ = [
     "DEFAULT_REPORTS_PER_SHAPE",

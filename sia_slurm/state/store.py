@@ -17,7 +17,9 @@ Tables (schema version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version``):
   (:mod:`sia_slurm.state.memory`; :mod:`sia_slurm.service.memory` turns them into a controller);
 * ``meta`` — small key/value facts (the last round's nodes, for offline ``status``/``explain``).
 
-This module owns the connection, the schema and the ``jobs``/``rounds``/``decisions`` tables.
+This module owns the connection and the queries of the ``meta``/``jobs``/``rounds``/``decisions``
+tables; :mod:`sia_slurm.state.schema` holds the statements that create and upgrade the tables,
+:mod:`sia_slurm.state.rows` the rows decoded.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,159 +37,23 @@ from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.core import Decision, NodeView
 from sia_slurm.protocol import to_json
 from sia_slurm.state.codec import batch_to_json, config_to_json, placement_to_json
-
-SCHEMA_VERSION = 3
-logger = logging.getLogger(__name__)
-GONE = "gone"  # jobs.phase of a job that left the snapshots without finishing
-DEFAULT_KEEP_ROUNDS = 7 * 24 * 60  # a week of 60 s rounds of history (decisions, done actions)
-
-# The statements that take a database of version N to N + 1 (index N - 1), each in place.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # 2: a decision keeps its predicted throughput apart from its goodput (Decision.throughput);
-    # the rounds decided before read 0 there, "not kept".
-    ("ALTER TABLE decisions ADD COLUMN throughput REAL NOT NULL DEFAULT 0",),
-    # 3: whose job it is, as Slurm says (the dashboard's user and account): jobs seen before
-    # read '' until their next snapshot.
-    (
-        "ALTER TABLE jobs ADD COLUMN user TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE jobs ADD COLUMN account TEXT NOT NULL DEFAULT ''",
-    ),
+from sia_slurm.state.rows import (
+    GONE,
+    JobRow,
+    RoundRow,
+    decision,
+    decision_values,
+    job_row,
+    round_row,
 )
-assert len(_MIGRATIONS) == SCHEMA_VERSION - 1
+from sia_slurm.state.schema import SCHEMA_VERSION, upgrade_statements
 
-_SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE jobs (
-    sia_id TEXT PRIMARY KEY,
-    spec TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    phase_history TEXT NOT NULL,
-    slurm_job_ids TEXT NOT NULL,
-    submit_time REAL,
-    first_start REAL,
-    finish_time REAL,
-    restarts INTEGER NOT NULL DEFAULT 0,
-    config TEXT,
-    placement TEXT,
-    batch TEXT,
-    message TEXT NOT NULL DEFAULT '',
-    last_seen REAL,
-    remembered INTEGER NOT NULL DEFAULT 0,
-    admitted_round INTEGER,
-    max_gpus_seen INTEGER NOT NULL DEFAULT 0,
-    reports_seen INTEGER NOT NULL DEFAULT 0,
-    last_report_time REAL,
-    user TEXT NOT NULL DEFAULT '',
-    account TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE rounds (
-    round_index INTEGER PRIMARY KEY,
-    time REAL NOT NULL,
-    wall_time REAL NOT NULL,
-    dry_run INTEGER NOT NULL,
-    timings TEXT NOT NULL,
-    solve_status TEXT NOT NULL,
-    solve_seconds REAL NOT NULL,
-    solve_message TEXT NOT NULL,
-    gpus TEXT NOT NULL,
-    jobs_by_phase TEXT NOT NULL,
-    rejected TEXT NOT NULL
-);
-CREATE TABLE decisions (
-    round_index INTEGER NOT NULL,
-    sia_id TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    action TEXT NOT NULL,
-    before TEXT NOT NULL,
-    after TEXT NOT NULL,
-    batch_size INTEGER NOT NULL,
-    local_bsz INTEGER NOT NULL,
-    accum_steps INTEGER NOT NULL,
-    goodput REAL NOT NULL,
-    note TEXT NOT NULL,
-    throughput REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (round_index, sia_id)
-);
-CREATE INDEX decisions_by_job ON decisions (sia_id, round_index);
-CREATE TABLE actions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    round_index INTEGER NOT NULL,
-    sia_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('pending', 'done', 'failed', 'skipped')),
-    message TEXT NOT NULL DEFAULT '',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created REAL NOT NULL,
-    finished REAL
-);
-CREATE INDEX actions_by_state ON actions (state, id);
-CREATE TABLE reports (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    sia_id TEXT NOT NULL,
-    round_index INTEGER NOT NULL,
-    shape TEXT NOT NULL,
-    report TEXT NOT NULL
-);
-CREATE INDEX reports_by_shape ON reports (sia_id, shape, id);
-CREATE TABLE controller (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    format INTEGER NOT NULL,
-    sia_version TEXT NOT NULL,
-    policy TEXT NOT NULL,
-    round_index INTEGER NOT NULL,
-    allocation BLOB,
-    saved REAL NOT NULL
-);
-"""
+logger = logging.getLogger(__name__)
+DEFAULT_KEEP_ROUNDS = 7 * 24 * 60  # a week of 60 s rounds of history (decisions, done actions)
 
 
 class StoreError(RuntimeError):
     """The state database cannot be opened or used (names the file and the reason)."""
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """One row of ``jobs``, decoded."""
-
-    sia_id: str
-    spec: dict[str, Any]
-    phase: str
-    phase_history: list[list[Any]]  # [time, phase] per change
-    slurm_job_ids: list[str]
-    submit_time: float | None
-    first_start: float | None
-    finish_time: float | None
-    restarts: int
-    config: dict[str, Any] | None
-    placement: list[list[Any]] | None
-    batch: dict[str, int] | None
-    message: str
-    last_seen: float | None
-    remembered: bool
-    admitted_round: int | None
-    max_gpus_seen: int
-    reports_seen: int
-    last_report_time: float | None
-    user: str = ""  # Slurm's user and account of the job ('' before schema 3's first sight)
-    account: str = ""
-
-
-@dataclass(frozen=True)
-class RoundRow:
-    """One row of ``rounds``: what :meth:`Store.record_round` writes, and reads back decoded."""
-
-    round_index: int
-    time: float
-    wall_time: float
-    dry_run: bool
-    timings: dict[str, float]
-    solve_status: str
-    solve_seconds: float
-    solve_message: str
-    gpus: dict[str, dict[str, int]]  # type -> total/usable/allocated/in_use
-    jobs_by_phase: dict[str, int]
-    rejected: list[str]
 
 
 class Store:
@@ -243,15 +108,8 @@ class Store:
             return
         with self.transaction():
             version = self.schema_version  # re-read under the write lock: another may have won
-            if version == 0:
-                # One statement at a time: executescript would commit the open transaction.
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self.conn.execute(statement)
-            else:
-                for step in _MIGRATIONS[version - 1 :]:
-                    for statement in step:
-                        self.conn.execute(statement)
+            for statement in upgrade_statements(version):
+                self.conn.execute(statement)
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @property
@@ -393,7 +251,7 @@ class Store:
                     "ORDER BY sia_id",
                     chunk,
                 ).fetchall()
-        return [_job_row(row) for row in rows]
+        return [job_row(row) for row in rows]
 
     def job(self, sia_id: str) -> JobRow | None:
         found = self.jobs([sia_id])
@@ -426,7 +284,7 @@ class Store:
         self.conn.execute("DELETE FROM decisions WHERE round_index = ?", (row.round_index,))
         self.conn.executemany(
             "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(row.round_index, *_decision_values(d)) for d in decisions],
+            [(row.round_index, *decision_values(d)) for d in decisions],
         )
 
     def last_round(self) -> RoundRow | None:
@@ -437,7 +295,7 @@ class Store:
         rows = self.conn.execute(
             "SELECT * FROM decisions WHERE round_index = ? ORDER BY sia_id", (round_index,)
         ).fetchall()
-        return {row["sia_id"]: _decision(row) for row in rows}
+        return {row["sia_id"]: decision(row) for row in rows}
 
     def last_decision(self, sia_id: str) -> tuple[int, Decision] | None:
         """The latest round's decision about ``sia_id``, with that round's index."""
@@ -445,7 +303,7 @@ class Store:
             "SELECT * FROM decisions WHERE sia_id = ? ORDER BY round_index DESC LIMIT 1",
             (sia_id,),
         ).fetchone()
-        return None if row is None else (row["round_index"], _decision(row))
+        return None if row is None else (row["round_index"], decision(row))
 
     def prune(self, keep_rounds: int = DEFAULT_KEEP_ROUNDS) -> None:
         """Forget rounds, decisions and settled actions older than the last ``keep_rounds``."""
@@ -458,86 +316,3 @@ class Store:
         self.conn.execute(
             "DELETE FROM actions WHERE round_index <= ? AND state != 'pending'", (oldest,)
         )
-
-
-# ----------------------------------------------------------------------------------------------
-# Row decoding
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _job_row(row: sqlite3.Row) -> JobRow:
-    return JobRow(
-        sia_id=row["sia_id"],
-        spec=json.loads(row["spec"]),
-        phase=row["phase"],
-        phase_history=json.loads(row["phase_history"]),
-        slurm_job_ids=json.loads(row["slurm_job_ids"]),
-        submit_time=row["submit_time"],
-        first_start=row["first_start"],
-        finish_time=row["finish_time"],
-        restarts=row["restarts"],
-        config=_loads(row["config"]),
-        placement=_loads(row["placement"]),
-        batch=_loads(row["batch"]),
-        message=row["message"],
-        last_seen=row["last_seen"],
-        remembered=bool(row["remembered"]),
-        admitted_round=row["admitted_round"],
-        max_gpus_seen=row["max_gpus_seen"],
-        reports_seen=row["reports_seen"],
-        last_report_time=row["last_report_time"],
-        user=row["user"],
-        account=row["account"],
-    )
-
-
-def round_row(row: sqlite3.Row) -> RoundRow:
-    """Decode one row of the ``rounds`` table (JSON columns included)."""
-    return RoundRow(
-        round_index=row["round_index"],
-        time=row["time"],
-        wall_time=row["wall_time"],
-        dry_run=bool(row["dry_run"]),
-        timings=json.loads(row["timings"]),
-        solve_status=row["solve_status"],
-        solve_seconds=row["solve_seconds"],
-        solve_message=row["solve_message"],
-        gpus=json.loads(row["gpus"]),
-        jobs_by_phase=json.loads(row["jobs_by_phase"]),
-        rejected=json.loads(row["rejected"]),
-    )
-
-
-def _decision_values(d: Decision) -> tuple[Any, ...]:
-    return (
-        d.sia_id,
-        d.phase,
-        d.action,
-        d.before,
-        d.after,
-        d.batch_size,
-        d.local_bsz,
-        d.accum_steps,
-        d.goodput,
-        d.note,
-        d.throughput,
-    )
-
-
-def _decision(row: sqlite3.Row) -> Decision:
-    return Decision(
-        sia_id=row["sia_id"],
-        phase=row["phase"],
-        action=row["action"],
-        before=row["before"],
-        after=row["after"],
-        batch_size=row["batch_size"],
-        local_bsz=row["local_bsz"],
-        accum_steps=row["accum_steps"],
-        goodput=row["goodput"],
-        note=row["note"],
-        throughput=row["throughput"],
-    )

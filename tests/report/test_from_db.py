@@ -21,7 +21,7 @@ from sia_slurm.cli.main import cli  # noqa: E402
 from sia_slurm.config import SiaConfig, load_config  # noqa: E402
 from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_document  # noqa: E402
 from sia_slurm.report import ReportSourceError, render_site, report_from_db  # noqa: E402
-from sia_slurm.report.from_db import measured_goodput  # noqa: E402
+from sia_slurm.report.goodput import measured_goodput  # noqa: E402
 from sia_slurm.service import open_controller, run_round  # noqa: E402
 from sia_slurm.slurm.observe.jobfiles import SlurmRecord  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402

@@ -29,7 +29,7 @@ from sia_slurm.policy.base import NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_document
 from sia_slurm.report import JobRow, report_from_db
-from sia_slurm.report.from_db import _DecisionPoint, goodput_pair, measured_goodput
+from sia_slurm.report.goodput import DecisionPoint, goodput_pair, measured_goodput
 from sia_slurm.service.summary import record_round
 from sia_slurm.slurm.observe.jobfiles import SlurmRecord
 from sia_slurm.state import Store
@@ -195,8 +195,8 @@ def point(
     accum_steps: int = 0,
     quarantined: bool = False,
     profiling: bool = False,
-) -> _DecisionPoint:
-    return _DecisionPoint(
+) -> DecisionPoint:
+    return DecisionPoint(
         0, 0.0, after, local_bsz * (accum_steps + 1), goodput, quarantined, profiling,
         local_bsz, accum_steps, throughput,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """A tiny job that speaks the sia-slurm job protocol, for the backend's tests on real Slurm.
 
-Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protocol.py``):
+Not a trainer: it counts. It does what a managed job must do (``sia_slurm/protocol/``):
 
 * reads ``control/<id>/assignment.json`` and refuses to run (exit 3) without one or when
   Slurm's allocation disagrees with it (partition, node count, GPUs per node, and the Slurm

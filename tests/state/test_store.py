@@ -81,10 +81,10 @@ _OWNER = (
 def _old_database(path: Path, version: int) -> None:
     """A database as sia-slurm wrote it at schema ``version`` (1: decisions without
     ``throughput``; 2: jobs without ``user`` and ``account``)."""
-    from sia_slurm.state.store import _SCHEMA
+    from sia_slurm.state.schema import SCHEMA
 
-    assert _THROUGHPUT in _SCHEMA and _OWNER in _SCHEMA
-    schema = _SCHEMA.replace(_OWNER, "    last_report_time REAL\n")
+    assert _THROUGHPUT in SCHEMA and _OWNER in SCHEMA
+    schema = SCHEMA.replace(_OWNER, "    last_report_time REAL\n")
     if version == 1:
         schema = schema.replace(_THROUGHPUT, "")
     with sqlite3.connect(path) as conn:
