@@ -18,7 +18,11 @@ from sia_slurm.core import JobKind
 from sia_slurm.protocol.paths import check_sia_id, exit_name, refusal_name
 from sia_slurm.safefiles import ProtocolError
 
+# The protocol this release speaks, and the oldest it still reads and writes for: the previous
+# release's (docs/protocol.md, "Between releases"). A document says its version; a field that a
+# version added carries ``metadata={"since": N}`` (none yet: every field is version 1's).
 PROTOCOL_VERSION = 1
+OLDEST_PROTOCOL = max(1, PROTOCOL_VERSION - 1)
 MAX_FAILURES = 100  # the largest retry budget a job may ask for (``--max-failures``)
 MAX_MESSAGE_CHARS = 2000  # of a run's exit or refusal message
 

@@ -3,6 +3,7 @@ capacity, exact command sequences, overlapping checkpoint waits, and idempotent 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -22,9 +23,11 @@ from sia_slurm.protocol import (
     RunExit,
     StatePaths,
     StopRequest,
+    document_json,
     read_document,
     write_document,
 )
+from sia_slurm.slurm.actuate import actuator
 from sia_slurm.slurm.backend import SlurmBackend
 from sia_slurm.slurm.commands import SQUEUE_JSON as SQUEUE
 from sia_slurm.slurm.runner import CommandResult
@@ -402,6 +405,41 @@ def start(
 def move(sia_id: str, gpu_type: str, nodes: list[str], per_node: int, round_index: int) -> Move:
     s = start(sia_id, gpu_type, nodes, per_node, round_index)
     return Move(sia_id, round_index, s.config, s.placement, s.batch)
+
+
+def test_each_job_is_told_its_start_and_stop_in_the_protocol_its_spec_speaks(
+    fake_slurm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an upgrade to a release of protocol 2 (here: this code as if it spoke 2 and read
+    1 and 2), a job submitted before it (spec.json in protocol 1) gets its assignment and stop
+    request in protocol 1, which its launcher reads; a job submitted after, in 2
+    (docs/protocol.md, "Between releases")."""
+    monkeypatch.setattr(document_json, "PROTOCOL_VERSION", 2)
+    monkeypatch.setattr(document_json, "OLDEST_PROTOCOL", 1)
+    old_id, new_id = fake_slurm.submit("old"), fake_slurm.submit("new")
+    spec = read_document(JobSpec, fake_slurm.paths.spec("new"))
+    write_document(fake_slurm.paths.spec("new"), dataclasses.replace(spec, version=2))
+    backend = backend_for(fake_slurm)
+    results = backend.apply([start("old", "t4", ["t4-1"], 1), start("new", "t4", ["t4-2"], 1)])
+    assert all(r.ok for r in results), results
+
+    def version(path: Path) -> int:
+        return int(json.loads(path.read_text())["version"])
+
+    assert version(fake_slurm.paths.assignment("old")) == 1
+    assert version(fake_slurm.paths.assignment("new")) == 2
+    fake_slurm.start(old_id, ["t4-1"])
+    fake_slurm.start(new_id, ["t4-2"])
+    stops: dict[str, int] = {}  # each stop.json as written (the job removes it when it stops)
+
+    def write(path: Path, document: Any) -> None:
+        write_document(path, document)
+        if path.name == "stop.json":
+            stops[path.parent.name] = version(path)
+
+    monkeypatch.setattr(actuator, "write_document", write)
+    backend.apply([Stop("old", 2), Stop("new", 2)])
+    assert stops == {"old": 1, "new": 2}
 
 
 def test_start_writes_the_assignment_before_release(fake_slurm: Any) -> None:

@@ -47,6 +47,7 @@ from sia_slurm.clock import Clock
 from sia_slurm.cluster import Action, ActionResult, Move, Rebatch, Start, Stop
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import (
+    PROTOCOL_VERSION,
     Assignment,
     ProtocolError,
     StatePaths,
@@ -67,6 +68,7 @@ from sia_slurm.slurm.observe.jsonparse import SlurmJob
 from sia_slurm.slurm.observe.managed import ManagedJob, under_controller_hold
 from sia_slurm.slurm.observe.sacct import AccountingReader
 from sia_slurm.slurm.runner import CommandError, CommandRunner
+from sia_slurm.userfiles import JobDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +209,7 @@ class Actuator:
                     to_requeue.append((action, job))
                     book.note(action, "checkpoint", f"job had ended ({job.state})")
             else:
-                self._request_stop(action)
+                self._request_stop(action, managed)
                 running[action.sia_id] = (action, job)
         if running:
             ids = [job.job_id for _, job in running.values()]
@@ -262,15 +264,22 @@ class Actuator:
         for job_id, state in left.items():
             book.fail(requeued[job_id], f"Slurm job {job_id} is {state}, not PENDING after requeue")
 
-    def _request_stop(self, action: Stop | Move) -> None:
-        """Write ``stop.json`` for this round unless it is already there (a replay)."""
+    def _request_stop(self, action: Stop | Move, managed: ManagedJob) -> None:
+        """Write ``stop.json`` for this round unless it is already there (a replay), in the
+        protocol the job speaks."""
         path = self.paths.stop_request(action.sia_id)
         try:
             existing = read_document(StopRequest, path) if path.exists() else None
         except ProtocolError:
             existing = None
         if existing is None or existing.round_index != action.round_index:
-            write_document(path, StopRequest(action.sia_id, action.round_index, self.clock.now()))
+            request = StopRequest(
+                action.sia_id,
+                action.round_index,
+                self.clock.now(),
+                version=self._protocol_of(managed),
+            )
+            write_document(path, request)
 
     def _settle_ended(self, action: Stop | Move, job: SlurmJob, book: _Round) -> None:
         """A job that ended by itself instead of stopping: nothing to requeue. One that
@@ -431,6 +440,7 @@ class Actuator:
             local_bsz=action.batch.local_bsz,
             accum_steps=action.batch.accum_steps,
             profile_sweep=action.profile_sweep,
+            version=self._protocol_of(managed),
         )
         if self._already_placed(action, managed):
             return None
@@ -532,6 +542,19 @@ class Actuator:
 
     # ------------------------------------------------------------------------------------------
     # Helpers
+
+    def _protocol_of(self, managed: ManagedJob) -> int:
+        """The protocol the job's side speaks, as its ``spec.json`` says (read through the door,
+        cached by the snapshot that read it): what its assignment and stop request are written
+        in, so a job submitted before an upgrade is told what its launcher can read
+        (docs/protocol.md, "Between releases"). A spec that cannot be read now says nothing:
+        the current protocol (the snapshot quarantined such a job already)."""
+        try:
+            with JobDirectory(self.paths.jobs_dir, managed.sia_id, managed.user_id) as directory:
+                spec = self.documents.read_spec(directory)
+        except (OSError, ProtocolError):
+            return PROTOCOL_VERSION
+        return PROTOCOL_VERSION if spec is None else spec.version
 
     def _managed(self, action: Action, view: JobsView, book: _Round) -> ManagedJob | None:
         managed = view.managed.get(action.sia_id)
