@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sia_slurm import __version__
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.core import Decision, NodeView
 from sia_slurm.protocol import to_json
@@ -236,8 +237,10 @@ class Store:
         if version > SCHEMA_VERSION:
             self.close()
             raise StoreError(
-                f"{self.path}: schema version {version} is newer than this sia-slurm knows "
-                f"({SCHEMA_VERSION}); upgrade sia-slurm or point state_dir elsewhere"
+                f"{self.path}: schema version {version} is newer than this sia-slurm "
+                f"({__version__}) knows ({SCHEMA_VERSION}): a newer release wrote it. Run that "
+                f"release, or restore the copy of the database taken before the upgrade "
+                f"(docs/operations.md, Upgrading)"
             )
         if version == SCHEMA_VERSION:
             return
