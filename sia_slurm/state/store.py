@@ -206,8 +206,9 @@ class Store:
     def open(cls, path: Path, *, create: bool = True) -> Store:
         """Open (and with ``create``, create and migrate) the database at ``path``.
 
-        A new database is created readable and writable by its owner only: it holds pickled
-        policy state, which must never be writable by job owners (see docs/operations.md).
+        A new database is created readable and writable by its owner only: it holds the
+        policy's memory (and, from a release before memory format 3, a pickle read once), which
+        must never be writable by job owners (see docs/operations.md).
         """
         path = Path(path)
         if not create and not path.exists():
