@@ -24,6 +24,9 @@ that is not finite is written as Python's ``json`` writes it: ``NaN``, ``Infinit
       "state": {"kind": "none"}           # the policy's own memory, one of:
     }
 
+Objects keep the allocation's order (jobs, hints, Gavel's credits), so that a policy that reads
+its memory in order reads it as the live process did.
+
 ``state`` by ``kind``:
 
 * ``"none"``: no memory (Sia, FIFO, and Pollux's empty rounds);
@@ -45,7 +48,7 @@ format 3) into this document; it reads attributes only, so a field added to a cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -204,13 +207,14 @@ def state_from_json(data: Any, where: str = "state") -> GavelState | PolluxState
     _object(data, where, _STATE_KEYS[kind])
     if kind == "gavel":
         received = {
-            job: _seconds(types, f"{where}.received.{job}")
+            job: MappingProxyType(_seconds(types, f"{where}.received.{job}"))
             for job, types in _mapping(data["received"], f"{where}.received").items()
-        }
+        }  # read-only, as GavelPolicy makes it
         return GavelState(
-            received, _float(data["round_start"], f"{where}.round_start"),
-            _seconds(data["type_time"], f"{where}.type_time"),
-        )  # fmt: skip
+            MappingProxyType(received),
+            _float(data["round_start"], f"{where}.round_start"),
+            MappingProxyType(_seconds(data["type_time"], f"{where}.type_time")),
+        )
     if kind == "pollux":
         return _pollux(data, where)
     return None
@@ -331,7 +335,7 @@ def _mapping(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
-def _seconds(data: Any, where: str) -> Mapping[str, float]:
+def _seconds(data: Any, where: str) -> dict[str, float]:
     return {key: _float(value, f"{where}.{key}") for key, value in _mapping(data, where).items()}
 
 

@@ -191,6 +191,7 @@ def write_memory(
     store.set_meta(USAGE_KEY, memory.usage)
     if memory.profilings is not None:
         store.set_meta(PROFILINGS_KEY, memory.profilings)
+    # The document keeps its keys' order (not sorted): a policy may read its memory in order.
     conn.execute(
         "INSERT OR REPLACE INTO controller VALUES (1, ?, ?, ?, ?, ?, ?)",
         (
@@ -198,7 +199,7 @@ def write_memory(
             __version__,
             policy_name,
             memory.round_index,
-            None if memory.previous is None else json.dumps(memory.previous, sort_keys=True),
+            None if memory.previous is None else json.dumps(memory.previous),
             now,
         ),
     )
