@@ -18,7 +18,11 @@ What is rebuilt:
   its own profile is rebuilt from the document kept with it;
 * the quarantine reasons of the last round (from its decisions), so that each is logged once
   however many processes the rounds take;
-* the previous :class:`~sia_slurm.policy.base.Allocation`, when it may be loaded;
+* the previous :class:`~sia_slurm.policy.base.Allocation`, when it may be loaded: encoded
+  and decoded here as the JSON document of :mod:`sia_slurm.policy.allocation_json` (memory
+  format 3, which outlives an upgrade); a format-2 row (a pickle, from a release before) is
+  unpickled once, converted to that document and decoded by the same strict reader, and the
+  round's save writes it back as format 3;
 * the profilings under way (:mod:`sia_slurm.controller.profiling`: the types measured, what
   each job was given, the documents refused); a job still profiling is re-admitted into its
   profiling at the next round;
@@ -29,7 +33,7 @@ What is rebuilt:
 from __future__ import annotations
 
 import contextlib
-import pickle
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,18 +42,24 @@ from sia_slurm.controller.profiling import Profiler, Profiling
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
 from sia_slurm.model import JobGoodputEstimator
+from sia_slurm.policy.allocation_json import (
+    allocation_from_json,
+    allocation_to_json,
+    legacy_document,
+)
 from sia_slurm.policy.base import Allocation, Policy
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.protocol import JobSpec, MetricsReport, ProtocolError, from_json
 from sia_slurm.state import Store
 from sia_slurm.state.memory import (
     DEFAULT_REPORTS_PER_SHAPE,
+    MEMORY_FORMAT,
     USAGE_KEY,
     ControllerMemory,
     JobMemory,
     RestoreNote,
+    SavedAllocation,
     controller_row,
-    dump_pickle,
     load_pickle,
     log_restore_notes,
     profile_document,
@@ -60,6 +70,8 @@ from sia_slurm.state.memory import (
     stored_reports,
     write_memory,
 )
+
+logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------------------------
 # Saving
@@ -85,7 +97,7 @@ def memory_of(controller: Controller) -> ControllerMemory:
             if controller.profiler is None
             else [p.to_json() for p in controller.profiler.profilings.values()]
         ),
-        previous=controller.previous,
+        previous=None if controller.previous is None else allocation_to_json(controller.previous),
     )
 
 
@@ -223,25 +235,30 @@ def _evaluate_once(estimator: JobGoodputEstimator) -> None:
 
 
 def _previous_allocation(store: Store, row: Any, policy_name: str) -> tuple[Allocation | None, str]:
-    blob, why = saved_allocation(store, row, policy_name)
-    if blob is None:
+    saved, why = saved_allocation(store, row, policy_name)
+    if saved is None:
         return None, why
     try:
-        return load_allocation(blob), ""
-    except Exception as exc:  # any unpickling failure means: start fresh
+        allocation = decode_allocation(saved, f"{store.path}: controller.allocation")
+    except Exception as exc:  # any unpickling or decoding failure means: start fresh
         return None, f"cannot be loaded ({type(exc).__name__}: {exc})"
+    if saved.pickled is not None:
+        logger.info(
+            "previous allocation: converted from memory format %d (sia-slurm %s); "
+            "the next save writes format %d",
+            saved.format, saved.sia_version, MEMORY_FORMAT,
+        )  # fmt: skip
+    return allocation, ""
 
 
 # ----------------------------------------------------------------------------------------------
-# The previous allocation's BLOB (pickled by sia_slurm.state.memory)
+# The previous allocation as stored (sia_slurm.state.memory keeps the text or the pickle)
 
 
-def dump_allocation(allocation: Allocation) -> bytes:
-    return dump_pickle(allocation)
-
-
-def load_allocation(blob: bytes) -> Allocation:
-    loaded = load_pickle(blob)
-    if not isinstance(loaded, Allocation):
-        raise pickle.UnpicklingError(f"expected an Allocation, got {type(loaded).__name__}")
-    return loaded
+def decode_allocation(saved: SavedAllocation, where: str = "allocation") -> Allocation:
+    """The :class:`Allocation` of a stored row: its JSON document (format 3), or its pickle
+    (format 2) converted to that document first, so both pass the same strict checks
+    (:class:`ValueError` naming the field, :class:`pickle.UnpicklingError`)."""
+    if saved.pickled is not None:
+        return allocation_from_json(legacy_document(load_pickle(saved.pickled)), where)
+    return allocation_from_json(saved.document, where)

@@ -15,20 +15,25 @@ What is kept, and how:
 * per job that brought its own profile: the checked ``profile.json`` its model was built from,
   in ``meta`` under ``profile_document:<sia id>`` (the job's directory is never read here), and
   the restarts its profiling took, under ``profiling_restarts:<sia id>``;
-* the previous :class:`~sia_slurm.policy.base.Allocation`, including the policy's own ``state``
-  (an arbitrary object): pickled into a BLOB with a format number, the sia-slurm version and the
-  policy name. If any of them differs, or the BLOB cannot be loaded, the controller starts
-  fresh (no previous allocation) and says why;
+* the previous :class:`~sia_slurm.policy.base.Allocation`, including the policy's own ``state``,
+  in ``controller.allocation`` with the memory format, the sia-slurm version and the policy
+  name. Format 3 (:data:`MEMORY_FORMAT`) is a documented JSON document
+  (:mod:`sia_slurm.policy.allocation_json`, which makes it; this module stores the text and never
+  reads inside it), so it outlives an upgrade of sia-slurm. Format 2 (before) is a pickle: it is
+  read once, whatever release wrote it, and converted; the next save writes format 3. Format 1
+  and any format newer than this code are not read. A previous allocation that is not read
+  (another policy, format 1 or newer, a damaged document) starts the policy fresh, and the
+  controller says why;
 * the profilings under way (:mod:`sia_slurm.controller.profiling`), as JSON in ``meta`` under
   ``profilings``;
 * the round index;
 * the fair-share usage ledger (:class:`~sia_slurm.policy.shares.UsageLedger`), as JSON in
   ``meta`` under ``usage``.
 
-The BLOB is only unpickled from a database that nobody but its owner can write, and only
-classes from sia-slurm, numpy's array reconstruction and plain builtins are accepted. A pickle
-names :func:`_mapping_proxy` by this module's path (``sia_slurm.state.memory``), so both stay
-here: moving them would make every saved allocation unloadable.
+A format-2 pickle is only unpickled from a database that nobody but its owner can write, and
+only classes from sia-slurm, numpy's array reconstruction and plain builtins are accepted. A
+pickle names :func:`_mapping_proxy` by this module's path (``sia_slurm.state.memory``), so both
+stay here: moving them would make every format-2 allocation unloadable.
 """
 
 from __future__ import annotations
@@ -52,7 +57,12 @@ from sia_slurm.state.store import Store
 
 logger = logging.getLogger(__name__)
 
-MEMORY_FORMAT = 2  # 2: GavelState credits time per type (type_time); Allocation.hints_move_jobs
+# The previous allocation's format in controller.allocation: 1 a pickle (GavelState counted time
+# run), 2 a pickle (GavelState credits time per type, type_time; Allocation.hints_move_jobs),
+# 3 the JSON document of sia_slurm.policy.allocation_json (read by any later release).
+MEMORY_FORMAT = 3
+PICKLE_FORMAT = 2  # the one pickled format still read, and converted
+UPGRADING = "docs/operations.md, Upgrading"
 DEFAULT_REPORTS_PER_SHAPE = 16
 USAGE_KEY = "usage"  # meta key of the usage ledger
 PROFILING_RESTARTS_KEY = "profiling_restarts:"  # + sia id: the restarts its profiling took
@@ -93,7 +103,17 @@ class ControllerMemory:
     jobs: Mapping[str, JobMemory]  # by sia id, the jobs it remembers
     usage: Any  # the usage ledger's JSON
     profilings: list[Any] | None  # each profiling under way, as JSON (None: no profiler)
-    previous: object | None  # the policy's previous allocation (pickled into the BLOB)
+    previous: Any  # the previous allocation's JSON document (format 3), or None
+
+
+@dataclass(frozen=True)
+class SavedAllocation:
+    """A previous allocation as stored, for :mod:`sia_slurm.service.memory` to decode."""
+
+    format: int  # MEMORY_FORMAT: ``document`` is set; PICKLE_FORMAT: ``pickled`` is
+    sia_version: str  # the sia-slurm that wrote it
+    document: Any = None  # the parsed JSON document
+    pickled: bytes | None = None  # the pickle (read with load_pickle, then converted)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,6 +191,7 @@ def write_memory(
     store.set_meta(USAGE_KEY, memory.usage)
     if memory.profilings is not None:
         store.set_meta(PROFILINGS_KEY, memory.profilings)
+    # The document keeps its keys' order (not sorted): a policy may read its memory in order.
     conn.execute(
         "INSERT OR REPLACE INTO controller VALUES (1, ?, ?, ?, ?, ?, ?)",
         (
@@ -178,7 +199,7 @@ def write_memory(
             __version__,
             policy_name,
             memory.round_index,
-            None if memory.previous is None else dump_pickle(memory.previous),
+            None if memory.previous is None else json.dumps(memory.previous),
             now,
         ),
     )
@@ -238,22 +259,40 @@ def stored_reports(
     return by_job
 
 
-def saved_allocation(store: Store, row: Any, policy_name: str) -> tuple[bytes | None, str]:
-    """The pickled previous allocation in ``row`` if this process may load it, else ``None``
-    and why (``""``: none was saved)."""
-    if row["allocation"] is None:
+def saved_allocation(
+    store: Store, row: Any, policy_name: str
+) -> tuple[SavedAllocation | None, str]:
+    """The previous allocation in ``row`` if this process may read it, else ``None`` and why
+    (``""``: none was saved)."""
+    stored = row["allocation"]
+    if stored is None:
         return None, ""
-    if row["format"] != MEMORY_FORMAT:
-        return None, f"saved in memory format {row['format']}, this code reads {MEMORY_FORMAT}"
-    if row["sia_version"] != __version__:
-        return None, f"saved by sia-slurm {row['sia_version']}, this is {__version__}"
+    written, version = int(row["format"]), str(row["sia_version"])
+    if written > MEMORY_FORMAT:
+        return None, (
+            f"saved in memory format {written} by a newer sia-slurm ({version}); this one "
+            f"({__version__}) reads up to {MEMORY_FORMAT}, so the policy starts fresh. To keep "
+            f"it, run that release, or restore the database copy taken before the upgrade "
+            f"({UPGRADING})"
+        )
     if row["policy"] != policy_name:
         return None, f"saved by policy {row['policy']!r}, the configured policy is {policy_name!r}"
+    if written == MEMORY_FORMAT:
+        text = stored.decode() if isinstance(stored, bytes) else stored
+        try:
+            document = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            return None, f"cannot be read (memory format {written}: {exc})"
+        return SavedAllocation(written, version, document=document), ""
+    if written != PICKLE_FORMAT:
+        return None, (
+            f"saved in memory format {written} by sia-slurm {version}, which is not converted "
+            f"(its Gavel state counted time run, not time credited); the policy starts fresh"
+        )
     unsafe = _unsafe_file(store)
     if unsafe:
         return None, unsafe
-    blob: bytes = row["allocation"]
-    return blob, ""
+    return SavedAllocation(written, version, pickled=bytes(stored)), ""
 
 
 def _unsafe_file(store: Store) -> str:
@@ -305,7 +344,8 @@ class _Unpickler(pickle.Unpickler):
 
 
 def dump_pickle(obj: object) -> bytes:
-    """``obj`` pickled (read-only mappings included) for the ``controller.allocation`` BLOB."""
+    """``obj`` pickled (read-only mappings included), as memory format 2 stored it (kept so
+    tests can write a format-2 row)."""
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=5).dump(obj)
     return buffer.getvalue()

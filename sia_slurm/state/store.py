@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sia_slurm import __version__
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.core import Decision, NodeView
 from sia_slurm.protocol import to_json
@@ -70,8 +71,9 @@ class Store:
     def open(cls, path: Path, *, create: bool = True) -> Store:
         """Open (and with ``create``, create and migrate) the database at ``path``.
 
-        A new database is created readable and writable by its owner only: it holds pickled
-        policy state, which must never be writable by job owners (see docs/operations.md).
+        A new database is created readable and writable by its owner only: it holds the
+        policy's memory (and, from a release before memory format 3, a pickle read once), which
+        must never be writable by job owners (see docs/operations.md).
         """
         path = Path(path)
         if not create and not path.exists():
@@ -101,8 +103,10 @@ class Store:
         if version > SCHEMA_VERSION:
             self.close()
             raise StoreError(
-                f"{self.path}: schema version {version} is newer than this sia-slurm knows "
-                f"({SCHEMA_VERSION}); upgrade sia-slurm or point state_dir elsewhere"
+                f"{self.path}: schema version {version} is newer than this sia-slurm "
+                f"({__version__}) knows ({SCHEMA_VERSION}): a newer release wrote it. Run that "
+                f"release, or restore the copy of the database taken before the upgrade "
+                f"(docs/operations.md, Upgrading)"
             )
         if version == SCHEMA_VERSION:
             return

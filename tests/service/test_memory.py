@@ -1,8 +1,10 @@
-"""The controller's memory between processes (sia_slurm/service/memory.py): pickled allocations,
-stored reports, fallbacks."""
+"""The controller's memory between processes (sia_slurm/service/memory.py): the previous
+allocation as a JSON document (format 3) or converted from a pickle (format 2), stored reports,
+fallbacks."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from types import MappingProxyType
@@ -14,15 +16,17 @@ from sia_slurm import __version__
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.core import Configuration
+from sia_slurm.policy.allocation_json import allocation_to_json
 from sia_slurm.policy.base import Allocation, JobAllocation, NodeShare, NodeView, SolveInfo
 from sia_slurm.policy.gavel import GavelState
 from sia_slurm.policy.pollux import PolluxState
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.protocol import JobSpec, MetricsReport
-from sia_slurm.service.memory import dump_allocation, load_allocation, load_memory, save_memory
+from sia_slurm.service.memory import decode_allocation, load_memory, save_memory
 from sia_slurm.service.summary import record_round
-from sia_slurm.state import Store
+from sia_slurm.state import MEMORY_FORMAT, Store
+from sia_slurm.state.memory import SavedAllocation, controller_row, dump_pickle
 
 NODES = (NodeView("a100-1", "a100", 4, 4), NodeView("t4-1", "t4", 4, 4))
 
@@ -34,18 +38,25 @@ def allocation(state: object) -> Allocation:
     )
 
 
-@pytest.mark.parametrize(
-    "state",
-    [
-        None,
-        GavelState(MappingProxyType({"j1": MappingProxyType({"a100": 60.0})}), 0.0),
-        PolluxState(("j1",), ("a100-1", "t4-1"), np.array([[2, 0]])),
-    ],
-    ids=["none", "gavel", "pollux"],
-)
-def test_allocation_round_trips(state: object) -> None:
+STATES = [
+    None,
+    GavelState(MappingProxyType({"j1": MappingProxyType({"a100": 60.0})}), 0.0),
+    PolluxState(("j1",), ("a100-1", "t4-1"), np.array([[2, 0]])),
+]
+
+
+@pytest.mark.parametrize("state", STATES, ids=["none", "gavel", "pollux"])
+@pytest.mark.parametrize("form", [3, 2])
+def test_allocation_round_trips(state: object, form: int) -> None:
+    """Format 3 (the JSON text as stored) and format 2 (a pickle of an earlier release) give the
+    same allocation back."""
     original = allocation(state)
-    loaded = load_allocation(dump_allocation(original))
+    if form == 3:
+        text = json.dumps(allocation_to_json(original))
+        saved = SavedAllocation(3, __version__, document=json.loads(text))
+    else:
+        saved = SavedAllocation(2, "0.0.1", pickled=dump_pickle(original))
+    loaded = decode_allocation(saved)
     assert loaded.jobs == original.jobs and loaded.node_hints == original.node_hints
     assert (loaded.time, loaded.round_index, loaded.info) == (60.0, 7, original.info)
     if isinstance(state, PolluxState):
@@ -57,9 +68,9 @@ def test_allocation_round_trips(state: object) -> None:
 
 def test_unpickler_refuses_foreign_callables() -> None:
     with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
-        load_allocation(pickle.dumps(os.system))
-    with pytest.raises(pickle.UnpicklingError, match="expected an Allocation"):
-        load_allocation(pickle.dumps({"not": "an allocation"}))
+        decode_allocation(SavedAllocation(2, "0.0.1", pickled=pickle.dumps(os.system)))
+    with pytest.raises(ValueError, match="expected a pickled Allocation, got dict"):
+        decode_allocation(SavedAllocation(2, "0.0.1", pickled=pickle.dumps({"not": "one"})))
 
 
 def report(sia_id: str, step: float, local_bsz: int = 128) -> MetricsReport:
@@ -102,27 +113,66 @@ def restore_note(factory: EstimatorFactory, store: Store, policy: str = "gavel")
     return f"{note.what}: {note.reason}"
 
 
-def test_changed_policy_or_version_starts_fresh(factory: EstimatorFactory, store: Store) -> None:
-    remembered_controller(factory, store)
+def test_a_changed_policy_starts_fresh_and_a_new_version_does_not(
+    factory: EstimatorFactory, store: Store
+) -> None:
+    live = remembered_controller(factory, store)
+    assert controller_row(store)["format"] == MEMORY_FORMAT
+    store.conn.execute("UPDATE controller SET sia_version = '0.0.1'")  # an upgrade since
     restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
     assert notes == [] and restored.previous is not None and set(restored.jobs) == {"j1"}
+    assert live.previous is not None and isinstance(restored.previous.state, GavelState)
+    assert allocation_to_json(restored.previous) == allocation_to_json(live.previous)
     assert "saved by policy 'gavel', the configured policy is 'sia'" in restore_note(
         factory, store, "sia"
     )
-    store.conn.execute("UPDATE controller SET sia_version = '0.0.1'")
-    assert f"saved by sia-slurm 0.0.1, this is {__version__}" in restore_note(factory, store)
-    store.conn.execute(
-        "UPDATE controller SET sia_version = ?, allocation = ?", (__version__, b"junk")
+    store.conn.execute("UPDATE controller SET allocation = '{\"jobs\": {}}'")
+    assert restore_note(factory, store) == (
+        f"previous allocation: cannot be loaded (ValueError: {store.path}: "
+        "controller.allocation: missing time, round_index, info, node_hints, hints_move_jobs, "
+        "state)"
     )
+
+
+def format_2_row(store: Store, previous: Allocation | None) -> None:
+    """Rewrite the saved row as sia-slurm wrote it in memory format 2 (the allocation pickled
+    with the same pickler), by an earlier release."""
+    store.conn.execute(
+        "UPDATE controller SET format = 2, sia_version = '0.0.1', allocation = ?",
+        (dump_pickle(previous),),
+    )
+
+
+def test_a_format_2_row_is_converted_and_saved_as_format_3(
+    factory: EstimatorFactory, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = remembered_controller(factory, store)
+    assert live.previous is not None and isinstance(live.previous.state, GavelState)
+    format_2_row(store, live.previous)
+    with caplog.at_level("INFO", logger="sia_slurm.service.memory"):
+        restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
+    assert notes == [] and restored.previous is not None
+    assert allocation_to_json(restored.previous) == allocation_to_json(live.previous)
+    assert "converted from memory format 2 (sia-slurm 0.0.1)" in caplog.text
+    with store.transaction():
+        save_memory(store, restored, "gavel", [], 1, 60.0)
+    row = controller_row(store)
+    assert (row["format"], row["sia_version"]) == (MEMORY_FORMAT, __version__)
+    assert json.loads(row["allocation"]) == allocation_to_json(live.previous)
+    format_2_row(store, live.previous)
+    store.conn.execute("UPDATE controller SET allocation = ?", (b"junk",))
     assert "previous allocation: cannot be loaded (UnpicklingError" in restore_note(factory, store)
 
 
 def test_database_writable_by_others_is_not_unpickled(
     factory: EstimatorFactory, store: Store
 ) -> None:
-    remembered_controller(factory, store)
+    live = remembered_controller(factory, store)
+    format_2_row(store, live.previous)
     os.chmod(store.path, 0o666)
     assert "writable by group or others (chmod 600 it)" in restore_note(factory, store)
+    os.chmod(store.path, 0o600)
+    assert load_memory(store, make_policy("gavel"), "gavel", factory)[0].previous is not None
 
 
 def test_unreadable_job_spec_leaves_the_job_out(factory: EstimatorFactory, store: Store) -> None:

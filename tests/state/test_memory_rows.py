@@ -94,8 +94,10 @@ def test_memory_is_written_and_read_back_as_plain_values(store: Store) -> None:
     kept = stored_reports(store, notes)
     assert notes == [] and set(kept) == {"j1"}
     assert [(r, m.local_bsz) for r, m in kept["j1"]] == [(0, 128), (0, 64)]
-    blob, why = saved_allocation(store, row, "gavel")
-    assert why == "" and blob is not None and load_pickle(blob) == {"state": 1}
+    saved, why = saved_allocation(store, row, "gavel")
+    assert why == "" and saved is not None
+    assert (saved.format, saved.document, saved.pickled) == (MEMORY_FORMAT, {"state": 1}, None)
+    assert row["allocation"] == '{"state": 1}', "stored as the JSON text, not a pickle"
     assert saved_allocation(store, row, "sia") == (
         None, "saved by policy 'gavel', the configured policy is 'sia'"
     )  # fmt: skip
@@ -122,11 +124,60 @@ def test_an_unreadable_report_is_noted_and_left_out(store: Store) -> None:
     assert [n.what for n in notes] == ["report of j1"]
 
 
-def test_the_version_is_checked_before_anything_is_unpickled(store: Store) -> None:
+def test_a_format_3_document_outlives_a_version_change(store: Store) -> None:
+    """The JSON document is read whatever sia-slurm wrote it (only the policy must match)."""
     recorded(store, "j1")
     with store.transaction():
         write_memory(store, memory({}, {"state": 1}), "gavel", [], 0, 0.0)
-    store.conn.execute("UPDATE controller SET sia_version = '0.0.1', allocation = ?", (b"junk",))
-    assert saved_allocation(store, controller_row(store), "gavel") == (
-        None, f"saved by sia-slurm 0.0.1, this is {__version__}"
-    )  # fmt: skip
+    store.conn.execute("UPDATE controller SET sia_version = '0.0.1'")
+    saved, why = saved_allocation(store, controller_row(store), "gavel")
+    assert why == "" and saved is not None and saved.document == {"state": 1}
+    assert saved.sia_version == "0.0.1"
+    store.conn.execute("UPDATE controller SET allocation = '{\"state\": '")
+    saved, why = saved_allocation(store, controller_row(store), "gavel")
+    assert saved is None and why.startswith("cannot be read (memory format 3: Expecting value")
+
+
+def format_2_row(store: Store, blob: bytes, version: str = "0.0.1") -> None:
+    """The controller row as sia-slurm wrote it in memory format 2: the pickle in the BLOB."""
+    recorded(store, "j1")
+    with store.transaction():
+        write_memory(store, memory({}, {"state": 1}), "gavel", [], 0, 0.0)
+    store.conn.execute(
+        "UPDATE controller SET format = 2, sia_version = ?, allocation = ?", (version, blob)
+    )
+
+
+def test_a_format_2_pickle_is_read_whatever_version_wrote_it(store: Store) -> None:
+    format_2_row(store, dump_pickle({"state": 1}))
+    saved, why = saved_allocation(store, controller_row(store), "gavel")
+    assert why == "" and saved is not None and saved.document is None
+    assert saved.pickled is not None and load_pickle(saved.pickled) == {"state": 1}
+    assert (saved.format, saved.sia_version) == (2, "0.0.1")
+
+
+def test_a_format_2_pickle_is_not_read_from_a_file_others_may_write(store: Store) -> None:
+    format_2_row(store, b"junk")
+    os.chmod(store.path, 0o664)
+    saved, why = saved_allocation(store, controller_row(store), "gavel")
+    assert saved is None and why.endswith("is writable by group or others (chmod 600 it)")
+
+
+def test_format_1_and_newer_formats_are_not_read(store: Store) -> None:
+    format_2_row(store, b"junk")
+    store.conn.execute("UPDATE controller SET format = 1")
+    saved, why = saved_allocation(store, controller_row(store), "gavel")
+    assert saved is None and why == (
+        "saved in memory format 1 by sia-slurm 0.0.1, which is not converted (its Gavel state "
+        "counted time run, not time credited); the policy starts fresh"
+    )
+    store.conn.execute(
+        "UPDATE controller SET format = ?, sia_version = '9.0'", (MEMORY_FORMAT + 1,)
+    )
+    saved, why = saved_allocation(store, controller_row(store), "sia")  # before the policy
+    assert saved is None and why == (
+        f"saved in memory format {MEMORY_FORMAT + 1} by a newer sia-slurm (9.0); this one "
+        f"({__version__}) reads up to {MEMORY_FORMAT}, so the policy starts fresh. To keep it, "
+        "run that release, or restore the database copy taken before the upgrade "
+        "(docs/operations.md, Upgrading)"
+    )

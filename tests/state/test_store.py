@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sia_slurm import __version__
 from sia_slurm.cluster import (
     BatchChoice,
     ClusterSnapshot,
@@ -66,8 +67,16 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "sia.db"
     with sqlite3.connect(path) as conn:
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    with pytest.raises(StoreError, match=rf"{path}: schema version {SCHEMA_VERSION + 1} is newer"):
+    with pytest.raises(StoreError) as refused:
         Store.open(path)
+    assert str(refused.value) == (
+        f"{path}: schema version {SCHEMA_VERSION + 1} is newer than this sia-slurm "
+        f"({__version__}) knows ({SCHEMA_VERSION}): a newer release wrote it. Run that release, "
+        "or restore the copy of the database taken before the upgrade (docs/operations.md, "
+        "Upgrading)"
+    )
+    with sqlite3.connect(path) as conn:  # refused untouched
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
 
 
 _THROUGHPUT = "    throughput REAL NOT NULL DEFAULT 0,\n"
