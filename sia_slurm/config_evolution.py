@@ -89,7 +89,7 @@ def retire_keys(
                 warnings.append(SourceIssue(source.path, source.line(keypath), where, message))
             else:
                 source.issue(keypath, message)
-    return warnings
+    return sorted(warnings, key=lambda warning: warning.line or 0)  # in file order
 
 
 def _removed(key: RetiredKey, expired: bool) -> str:
