@@ -17,10 +17,11 @@ import os
 import re
 import types
 from collections.abc import Collection
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
+from sia_slurm.config_evolution import check_config_version, retire_keys
 from sia_slurm.config_keys import default as key_default
 from sia_slurm.config_keys import keys_under
 from sia_slurm.policy.parameters import POLICY_PARAMS
@@ -110,6 +111,9 @@ class SiaConfig:
     slurm: SlurmConfig
     shares: SharesConfig = EQUAL_USERS
     shares_configured: bool = False  # False: no ``shares:`` section, every user counts the same
+    # Keys the file still uses under names retired in this release (config_evolution.py):
+    # the file loads, and whoever loaded it says so (`config check`, the controller's log).
+    warnings: tuple[SourceIssue, ...] = ()
 
     def partition_of(self, gpu_type: str) -> PartitionConfig:
         """The partition that holds ``gpu_type`` (validation guarantees exactly one)."""
@@ -158,10 +162,13 @@ def parse_config(text: str, path: Path | None = None) -> SiaConfig:
     if not isinstance(data, dict):
         source.issue((), f"expected a mapping of settings, got {_kind(data)}")
         raise ConfigError(source.issues)
+    if not check_config_version(data, source):  # a newer file: its other keys are not ours
+        raise ConfigError(source.issues)
+    warnings = retire_keys(data, source)
     config = _build(data, source)
     if source.issues or config is None:
         raise ConfigError(source.issues)
-    return config
+    return replace(config, warnings=tuple(warnings))
 
 
 def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:

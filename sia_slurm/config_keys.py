@@ -10,6 +10,9 @@ dataclasses.
 
 A path is dotted; ``<name>`` stands for a name the site chooses (a GPU type, a partition, an
 account, a user).
+
+Keys leave this table through :data:`RETIRED`, never silently: a config written for the release
+before still loads, with a warning, for one release (:mod:`sia_slurm.config_evolution`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ REQUIRED: Any = object()
 
 NO_DEFAULT: Any = object()
 """The default of a mapping whose keys are the site's own names (nothing when absent)."""
+
+CONFIG_VERSION = 1
+"""The newest ``config_version`` this sia-slurm reads. Raised only when a release changes what
+a file means in a way a rename cannot say (a key whose value is read differently): an older
+sia-slurm then refuses the newer file with a message instead of misreading it. Renamed and
+removed keys do not raise it; :data:`RETIRED` carries them."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,13 @@ def _yaml(value: Any) -> str:
 
 KEYS: tuple[ConfigKey, ...] = (
     # ---- top level
+    ConfigKey(
+        "config_version",
+        "integer >= 1",
+        CONFIG_VERSION,
+        "The version of the file's format it was written for. A file newer than this "
+        "sia-slurm reads is refused with a message saying so, rather than half understood.",
+    ),
     ConfigKey(
         "round_seconds", "number > 0", 60.0, "Length of one scheduling round (the paper's 60 s)."
     ),
@@ -322,6 +338,27 @@ KEYS: tuple[ConfigKey, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class RetiredKey:
+    """A key a release took out of :data:`KEYS`: renamed (``replaced_by``, a path in KEYS with
+    the same ``<name>`` placeholders) or removed (``replaced_by`` None; ``why`` says why its
+    value no longer matters). In the release that retired it (``retired_in``, and that
+    release's patch releases) the loader still reads it, with a warning; from the next minor
+    release on it is an error naming the new key, so a site has one release to edit its file
+    and never finds a setting silently dropped."""
+
+    path: str
+    retired_in: str
+    replaced_by: str | None
+    why: str = ""
+
+
+RETIRED: tuple[RetiredKey, ...] = ()
+"""Every retired key, oldest first. Empty: no key has been renamed or removed since the first
+release (0.1.0; the renames before it, e.g. ``policy.max_growth`` to ``growth_factor``, never
+reached a site)."""
+
+
 def keys_under(parent: str, policy: str = "") -> dict[str, ConfigKey]:
     """The keys directly under ``parent`` (``""``: the top level), by name; under ``policy``
     the named policy's parameters (and ``name``), elsewhere no policy's."""
@@ -359,4 +396,10 @@ def reference_markdown() -> str:
     for policy in ("sia", "pollux", "gavel", "fifo"):
         lines += ["", f"## `policy.name: {policy}`", ""]
         lines += _rows([key for key in KEYS if key.policy == policy])
+    if RETIRED:  # read with a warning in their release, refused from the next
+        lines += ["", "## Retired keys", "", "| key | retired in | now |", "|---|---|---|"]
+        for old in RETIRED:
+            now = f"`{old.replaced_by}`" if old.replaced_by else f"removed: {old.why}"
+            now = now.replace("|", "\\|")
+            lines.append(f"| `{old.path}` | {old.retired_in} | {now} |")
     return "\n".join(lines) + "\n"

@@ -52,7 +52,9 @@ def policy_advice(cfg: SiaConfig) -> list[str]:
 
 \b
 PATH defaults to ${CONFIG_ENV_VAR}, else /etc/sia-slurm/sia.yaml.
-Each problem is printed as FILE:LINE: KEY: MESSAGE. With --live, the
+Each problem is printed as FILE:LINE: KEY: MESSAGE, and so is each key
+still read under a name retired in this release (KEY: warning: ...). With
+--live, the
 partition map is also compared with the running Slurm (found through
 SLURM_CONF as for any Slurm command): every mapped partition must exist
 and each of its nodes must carry Gres=gpu:TYPE:GPUS_PER_NODE.
@@ -72,6 +74,8 @@ def check(path: Path | None, live: bool) -> None:
             click.echo(str(issue), err=True)
         click.echo(f"{resolved}: {len(exc.issues)} problem(s); configuration not usable", err=True)
         raise SystemExit(1) from None
+    for warning in cfg.warnings:  # keys under names retired in this release
+        click.echo(str(warning), err=True)
     for advice in policy_advice(cfg):
         click.echo(f"{resolved}: warning: {advice}", err=True)
     if not live:

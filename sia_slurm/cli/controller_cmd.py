@@ -55,11 +55,14 @@ PROFILES_OPTION = click.option(
 )
 
 
-def load_config_or_exit(config_path: Path | None) -> SiaConfig:
-    """The validated configuration; on problems, print each one and exit 1."""
+def load_config_or_exit(config_path: Path | None, *, echo_warnings: bool = True) -> SiaConfig:
+    """The validated configuration; on problems, print each one and exit 1. Its warnings (keys
+    under names retired in this release) are printed too, unless the caller logs them itself
+    (``echo_warnings=False``): every command that reads the file reminds the admin to edit it
+    before the next release refuses it."""
     resolved = resolve_config_path(config_path)
     try:
-        return load_config(resolved)
+        config = load_config(resolved)
     except ConfigError as exc:
         for issue in exc.issues:
             echo_printable(str(issue), err=True)
@@ -67,6 +70,10 @@ def load_config_or_exit(config_path: Path | None) -> SiaConfig:
             f"{resolved}: {len(exc.issues)} problem(s); configuration not usable", err=True
         )
         raise SystemExit(EXIT_ERROR) from None
+    if echo_warnings:
+        for warning in config.warnings:
+            echo_printable(str(warning), err=True)
+    return config
 
 
 def backend_factory(ctx: click.Context) -> BackendFactory:
@@ -152,13 +159,15 @@ def run(
     log_level: str,
     profiles_dir: Path | None,
 ) -> None:
-    config = load_config_or_exit(config_path)
+    config = load_config_or_exit(config_path, echo_warnings=False)  # logged below
     sia_log = logging.getLogger("sia_slurm")
     level, propagate = sia_log.level, sia_log.propagate  # put back when run ends (embedders)
     try:
         handler = configure_logging(log_file, getattr(logging, log_level.upper()))
     except OSError as exc:
         fail(f"{log_file}: --log-file: cannot open it: {exc.strerror or exc}")
+    for warning in config.warnings:  # in the log the admin reads, once per start
+        log_event(logging.WARNING, str(warning), event="config-warning", key=warning.key)
     options = ServiceOptions(
         once=once,
         dry_run=dry_run,
