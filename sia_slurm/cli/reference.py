@@ -48,7 +48,10 @@ def command_markdown(
     command: click.Command, path: list[str], parent: click.Context | None = None
 ) -> Iterator[str]:
     """Markdown for ``command`` (named ``path``) and, for a group, each of its subcommands."""
-    context = click.Context(command, info_name=path[-1], parent=parent)
+    # The command's own context settings (``-h`` beside ``--help``), as ``make_context`` would
+    # apply them: click caches a command's help option from the first context that asks, so a
+    # bare context here gave every later ``--help`` in the process a help option without -h.
+    context = click.Context(command, info_name=path[-1], parent=parent, **command.context_settings)
     yield _heading(path)
     yield ""
     yield "```text"
