@@ -39,6 +39,11 @@ from packaging.version import InvalidVersion, Version
 ROOT = Path(__file__).resolve().parents[1]
 BRANCH = "main"
 VERSION_FILE = "sia_slurm/__init__.py"
+# The dev cluster's distribution (dev/: sia-slurm-dev) is released with sia-slurm: the same
+# version, pinned both ways (tests/test_dev_package.py keeps them equal).
+DEV_PYPROJECT = "dev/pyproject.toml"
+DEV_VERSION_LINE = re.compile(r'^version = "[^"]+"', re.M)
+DEV_PIN = re.compile(r'"sia-slurm==[^"]+"')
 CHANGELOG = "CHANGELOG.md"
 # The distribution's name as wheel and sdist file names write it.
 DIST_NAME = "sia_slurm"
@@ -113,9 +118,18 @@ def check_version(text: str, current: str, tagged: Sequence[Version]) -> Version
 
 
 def write_version(repo: Path, version: Version) -> None:
-    """Write ``version`` into the one line that holds it."""
+    """Write ``version`` into the one line that holds it, and into the dev distribution's
+    version and its pin of sia-slurm (when the tree has one)."""
     path = repo / VERSION_FILE
     path.write_text(VERSION_LINE.sub(f'__version__ = "{version}"', path.read_text(), count=1))
+    dev = repo / DEV_PYPROJECT
+    if dev.exists():
+        text = DEV_VERSION_LINE.sub(f'version = "{version}"', dev.read_text(), count=1)
+        dev.write_text(DEV_PIN.sub(f'"sia-slurm=={version}"', text, count=1))
+
+
+def _version_files(repo: Path) -> list[str]:
+    return [VERSION_FILE, CHANGELOG, *([DEV_PYPROJECT] if (repo / DEV_PYPROJECT).exists() else [])]
 
 
 def _has_text(lines: Sequence[str]) -> bool:
@@ -255,7 +269,7 @@ def check_wheel(repo: Path, wheel: Path, version: Version) -> None:
 def commit_and_tag(repo: Path, version: Version) -> None:
     """Commit the bump and the dated changelog, and tag that commit ``vVERSION`` (annotated,
     so that it carries who cut the release and when)."""
-    git(repo, "add", "--", VERSION_FILE, CHANGELOG)
+    git(repo, "add", "--", *_version_files(repo))
     git(repo, "commit", "-q", "-m", f"Release {version}")
     git(repo, "tag", "-a", f"v{version}", "-m", f"sia-slurm {version}")
 
@@ -271,7 +285,7 @@ def cut(repo: Path, version: Version, isolation: bool, date: datetime.date) -> P
         _, wheel = build(repo, version, isolation)
         check_wheel(repo, wheel, version)
     except BaseException:
-        git(repo, "checkout", "--", VERSION_FILE, CHANGELOG)
+        git(repo, "checkout", "--", *_version_files(repo))
         raise
     commit_and_tag(repo, version)
     return wheel

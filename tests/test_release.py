@@ -200,6 +200,8 @@ def test_a_real_run_builds_the_wheel_commits_and_tags(released: Path) -> None:
     assert git(released, "log", "-1", "--format=%s") == f"Release {NEXT}"
     assert git(released, "status", "--porcelain") == ""
     assert release.current_version(released) == NEXT
+    dev = (released / "dev" / "pyproject.toml").read_text()  # released with it, pinned to it
+    assert f'\nversion = "{NEXT}"' in dev and f'"sia-slurm=={NEXT}"' in dev
     changelog = (released / "CHANGELOG.md").read_text()
     today = datetime.date.today().isoformat()
     assert f"## [Unreleased]\n\n## [{NEXT}] - {today}\n\n### Added\n" in changelog
