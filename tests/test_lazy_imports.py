@@ -29,9 +29,9 @@ def imported_after(module: str) -> set[str]:
 @pytest.mark.parametrize(
     "module",
     [
-        "launcher.launch",
-        "launcher.sbatch",
-        "launcher.examples.emulated",
+        "sia_slurm.job.launch",
+        "sia_slurm.job.sbatch",
+        "sia_slurm.job.examples.emulated",
         "sia_slurm.config",
         "sia_slurm.job_settings",
     ],
