@@ -32,6 +32,7 @@ def imported_after(module: str) -> set[str]:
         "sia_slurm.job.launch",
         "sia_slurm.job.sbatch",
         "sia_slurm.job.examples.emulated",
+        "launcher.launch",  # through the deprecated alias, as old batch scripts run it
         "sia_slurm.config",
         "sia_slurm.job_settings",
     ],

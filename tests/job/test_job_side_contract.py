@@ -4,8 +4,11 @@ The job side (``sia-sbatch``, ``sia-launch``, the training helpers users import)
 controller through the protocol files, and reads only a handful of the site's settings
 (:class:`sia_slurm.job_settings.JobSiteSettings`, loaded by ``sia_slurm/job/settings.py``). It never
 imports the controller's CLI, config types, controller, policies, service or database. Every
-``sia_slurm`` module a launcher module imports (at the top or inside a function) must be in
+``sia_slurm`` module a job-side module imports (at the top or inside a function) must be in
 :data:`ALLOWED`, which says why it is there; an entry nobody uses any more must go.
+
+``launcher``, the package's old name, stays for one release as an alias (``launcher/__init__.py``)
+for the jobs and scripts of an upgrade; it may import nothing but the job side.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = ROOT / "sia_slurm" / "job"
-ANY = None  # an entry any launcher module may import
+JOB_SIDE = ROOT / "sia_slurm" / "job"
+ALIAS = ROOT / "launcher"  # the deprecated alias package, for one release
+ANY = None  # an entry any job-side module may import
 
 # The controller's side: never imported by the job side (sia_slurm.config only by the loader);
 # nor the dev cluster (sia-slurm-dev), which a site does not install.
@@ -35,7 +39,7 @@ FORBIDDEN = (
 )
 LOADER = "sia_slurm/job/settings.py"  # the one module that reads the config file
 
-# module -> (why the job side imports it, the launcher files that may, or ANY)
+# module -> (why the job side imports it, the job-side files that may, or ANY)
 ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm": ("__version__ for --version of sia-sbatch and sia-launch", ANY),
     "sia_slurm.protocol": ("the job/controller protocol: the files both sides read and write", ANY),
@@ -99,9 +103,10 @@ def _is_module(dotted: str) -> bool:
 
 
 def sia_imports(path: Path) -> set[str]:
-    """The ``sia_slurm`` (and ``sia_slurm_dev``) modules ``path`` imports, anywhere in it
-    (functions included);
-    ``from sia_slurm.x import y`` counts as ``sia_slurm.x.y`` when ``y`` is a module."""
+    """The ``sia_slurm`` (and ``sia_slurm_dev``) modules outside the job side that ``path``
+    imports, anywhere in it (functions included); ``from sia_slurm.x import y`` counts as
+    ``sia_slurm.x.y`` when ``y`` is a module. The job side's own modules (``sia_slurm.job``) are
+    its business."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -115,21 +120,28 @@ def sia_imports(path: Path) -> set[str]:
             ]
         else:
             continue
-        found.update(name for name in names if name.split(".")[0] in ("sia_slurm", "sia_slurm_dev"))
+        found.update(
+            name
+            for name in names
+            if name.split(".")[0] in ("sia_slurm", "sia_slurm_dev")
+            and name.split(".")[:2] != ["sia_slurm", "job"]
+        )
     return found
 
 
-def launcher_imports() -> dict[str, set[str]]:
+def job_side_imports() -> dict[str, set[str]]:
     return {
-        str(path.relative_to(ROOT)): sia_imports(path) for path in sorted(LAUNCHER.rglob("*.py"))
+        str(path.relative_to(ROOT)): sia_imports(path) for path in sorted(JOB_SIDE.rglob("*.py"))
     }
 
 
-def test_the_scan_sees_imports_inside_functions(tmp_path: Path) -> None:
+def test_the_scan_sees_imports_inside_functions_and_not_the_job_sides_own(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
         "import sia_slurm.state.db\n"
-        "def f():\n    from sia_slurm import cli, __version__\n"
+        "import sia_slurm.job.runs\n"
+        "from sia_slurm.job.elastic import ElasticTrainer\n"
+        "def f():\n    from sia_slurm import cli, __version__, job\n"
         "    from sia_slurm.policy.sia import SiaPolicy\n"
         "    from sia_slurm_dev import DevCluster\n"
     )
@@ -145,7 +157,7 @@ def test_the_scan_sees_imports_inside_functions(tmp_path: Path) -> None:
 def test_the_job_side_imports_nothing_of_the_controller() -> None:
     problems = [
         f"{path} imports {module}"
-        for path, modules in launcher_imports().items()
+        for path, modules in job_side_imports().items()
         for module in sorted(modules)
         if any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
         and not (module == "sia_slurm.config" and path == LOADER)
@@ -155,7 +167,7 @@ def test_the_job_side_imports_nothing_of_the_controller() -> None:
 
 def test_every_import_of_the_job_side_is_in_the_allow_list() -> None:
     problems = []
-    for path, modules in launcher_imports().items():
+    for path, modules in job_side_imports().items():
         for module in sorted(modules):
             if module not in ALLOWED:
                 problems.append(f"{path} imports {module}: not in ALLOWED")
@@ -168,7 +180,7 @@ def test_every_import_of_the_job_side_is_in_the_allow_list() -> None:
 
 def test_every_allow_list_entry_is_still_used() -> None:
     used: dict[str, set[str]] = {}
-    for path, modules in launcher_imports().items():
+    for path, modules in job_side_imports().items():
         for module in modules:
             used.setdefault(module, set()).add(path)
     assert sorted(set(ALLOWED) - set(used)) == []
@@ -177,11 +189,11 @@ def test_every_allow_list_entry_is_still_used() -> None:
             assert set(files) == used[module], module
 
 
-def test_no_launcher_module_takes_the_controller_config() -> None:
+def test_no_job_side_module_takes_the_controller_config() -> None:
     """The job side's functions take :class:`JobSiteSettings`, never ``SiaConfig``."""
     users = [
         str(path.relative_to(ROOT))
-        for path in sorted(LAUNCHER.rglob("*.py"))
+        for path in sorted(JOB_SIDE.rglob("*.py"))
         if "SiaConfig" in path.read_text()
     ]
     assert users == []
@@ -195,13 +207,16 @@ def _fresh(code: str) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("module", ["sia_slurm.job.launch", "sia_slurm.job.sbatch"])
+@pytest.mark.parametrize(
+    "module", ["sia_slurm.job.launch", "sia_slurm.job.sbatch", "launcher.launch", "launcher.sbatch"]
+)
 def test_the_programs_load_no_controller_module_and_keep_openblas_single_threaded(
     module: str,
 ) -> None:
     """Checked in a fresh interpreter, so what this process imported hides nothing: the
     programs' whole import graph, not only their own lines. ``OPENBLAS_NUM_THREADS=1`` (unless
-    set) as before, which sbatch and the job's workers inherit."""
+    set) as before, which sbatch and the job's workers inherit. The old names too: console
+    scripts installed before an upgrade call ``launcher.sbatch:main`` until reinstalled."""
     code = (
         f"import os, sys, {module}\n"
         "print(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
@@ -211,3 +226,32 @@ def test_the_programs_load_no_controller_module_and_keep_openblas_single_threade
     assert blas == "1"
     controller = ("cli", "controller", "service", "state")
     assert [m for m in loaded.split() if m.split(".")[1] in controller] == []
+
+
+def test_the_alias_package_is_one_file_of_standard_library_imports() -> None:
+    """What the alias needs of sia-slurm it imports by name at run time (``sia_slurm.job.X``
+    for each ``launcher.X``): its own import lines hold the standard library only, so it cannot
+    grow a dependency of its own while it waits to be removed."""
+    files = sorted(str(path.relative_to(ROOT)) for path in ALIAS.rglob("*.py"))
+    assert files == ["launcher/__init__.py"]
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse((ALIAS / "__init__.py").read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert "importlib" in imported
+    assert imported - set(sys.stdlib_module_names) == set()
+
+
+@pytest.mark.parametrize("program", ["launch", "sbatch"])
+def test_the_alias_loads_what_the_job_side_loads_and_nothing_more(program: str) -> None:
+    """``import launcher.X`` brings in exactly the ``sia_slurm`` modules of
+    ``import sia_slurm.job.X`` (a fresh interpreter for each)."""
+    code = "import sys, {}\nprint(*sorted(m for m in sys.modules if m.startswith('sia_slurm')))"
+    old = _fresh(
+        "import warnings; warnings.simplefilter('ignore')\n" + code.format(f"launcher.{program}")
+    )
+    new = _fresh(code.format(f"sia_slurm.job.{program}"))
+    assert "sia_slurm.job" in new.split()
+    assert old == new

@@ -4,6 +4,7 @@ sbatch command line, a spec and a batch script; a failed submission leaves nothi
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ from sia_slurm.job.sbatch import (
 from sia_slurm.job.settings import load_job_settings
 from sia_slurm.protocol import JobSpec, StatePaths, read_document
 from sia_slurm.slurm.runner import CommandError, CommandResult
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeRunner:
@@ -109,6 +112,8 @@ def test_submission_writes_spec_and_script_and_runs_the_exact_sbatch(
     assert spec.checkpoint_dir == str(paths.job_dir(sia_id) / "checkpoints")
     text = script.read_text()
     assert text.startswith("#!/bin/bash\n")
+    # the checkout that holds sia_slurm/ (and the launcher alias), for every python the job runs
+    assert f"\nexport PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}\n" in text
     assert (
         f"exec {sys.executable} -m sia_slurm.job.launch --config {config_path} --sia-id {sia_id}"
         in text
