@@ -49,8 +49,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.elastic import ElasticDataLoader, ElasticDataParallel, ElasticJob  # noqa: E402
-from launcher.jobenv import JobEnvironment  # noqa: E402
+from sia_slurm.job.elastic import ElasticDataLoader, ElasticDataParallel, ElasticJob  # noqa: E402
+from sia_slurm.job.jobenv import JobEnvironment  # noqa: E402
 
 WIDTH = 724
 LOCAL_BSZ = 32

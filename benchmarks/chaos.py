@@ -10,7 +10,7 @@ thing for ``--minutes``: a dev cluster (``a100:2x4,rtx:2x4,t4:2x4``) whose slurm
 the service account ``siasvc``; the controller loop as ``siasvc`` under a supervisor that
 restarts it after a SIGKILL, as systemd would (:mod:`sia_slurm_dev.supervisor`);
 ``--jobs`` emulated trainers of the paper's apps and ``--real-jobs`` real PyTorch jobs
-(``launcher/examples``) submitted with ``sia-sbatch`` by the ordinary user ``siaalice`` at
+(``sia_slurm/job/examples``) submitted with ``sia-sbatch`` by the ordinary user ``siaalice`` at
 seeded random times; and the faults of ``--faults`` (default: the issue's) at seeded random
 times (:mod:`benchmarks.chaos_plan`), carried out by :mod:`benchmarks.chaos_site`:
 

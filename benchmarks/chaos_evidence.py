@@ -56,7 +56,8 @@ SCRATCH = re.compile(r"^no checkpoint in .*: starting from scratch")
 SAVED = re.compile(r"checkpoint \S*ckpt-(\d{10})\.pt\b")
 COMPLETE = re.compile(r"^training complete after (\d+) steps")
 LEFT_BEHIND = re.compile(r"was left behind")
-# launcher/elastic/checkpoint.py, when a restore passes over an incomplete or corrupt checkpoint
+# sia_slurm/job/elastic/checkpoint.py, when a restore passes over an incomplete or corrupt
+# checkpoint
 SKIPPED = re.compile(
     _TS + r" rank0 \S+ WARNING checkpoint \S*ckpt-(?P<step>\d{10})\.pt: .*; skipping it$"
 )
@@ -254,7 +255,7 @@ def duplicate_launches(events: Sequence[LogEvent]) -> dict[int, list[tuple[str, 
 
 
 # ----------------------------------------------------------------------------------------------
-# The rank-0 sample log (launcher/examples/common.py SampleLog, one line per trained step)
+# The rank-0 sample log (sia_slurm/job/examples/common.py SampleLog, one line per trained step)
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ APPS = (
 )
 # The demo's two real PyTorch jobs: (name, app, module and options, dataset at scale 4; 0: its own)
 REAL = (
-    ("cnn-real", "cifar10", ["-m", "launcher.examples.cnn", "--epochs", "20"], 4096),
-    ("transformer-real", "bert", ["-m", "launcher.examples.transformer", "--epochs", "6"], 0),
+    ("cnn-real", "cifar10", ["-m", "sia_slurm.job.examples.cnn", "--epochs", "20"], 4096),
+    ("transformer-real", "bert", ["-m", "sia_slurm.job.examples.transformer", "--epochs", "6"], 0),
 )
 # Every 8th emulated job (from the 4th) may fail once (--max-failures 1): the checkpoint kill's
 # candidates, which must come back from their previous checkpoint. The others fail at once.
@@ -132,7 +132,7 @@ def job_plans(jobs: int, real_jobs: int, scale: float, window_s: float, seed: in
     for i in range(jobs):
         app, gpus, epochs, dataset = APPS[i % len(APPS)]
         size = max(64, round(dataset * 4 / scale))
-        command = ("-m", "launcher.examples.emulated", "--progress", "raw",
+        command = ("-m", "sia_slurm.job.examples.emulated", "--progress", "raw",
                    "--epochs", str(epochs), "--dataset-size", str(size))  # fmt: skip
         retry = 1 if i % RETRY_EVERY == 3 else 0
         plans.append(JobPlan(f"{app}-{i:02d}", app, gpus, command, retry, False, 0.0))

@@ -115,7 +115,7 @@ class Site:
         self.cluster.up(DevClusterSpec.parse(DEFAULT_SPEC))
         self.env = {**os.environ, **self.cluster.env, "PYTHONPATH": str(REPO),
                     "SIA_SLURM_CONFIG": str(self.config)}  # fmt: skip
-        check = self.run_as(USER, [sys.executable, "-c", "import sia_slurm, launcher, torch"])
+        check = self.run_as(USER, [sys.executable, "-c", "import sia_slurm.job, torch"])
         if check.returncode != 0:
             raise SystemExit(f"chaos: {USER} cannot run {sys.executable}: {check.stderr[-500:]}")
         argv = [
@@ -147,7 +147,8 @@ class Site:
 
     def submit(self, plan: JobPlan) -> str:
         argv = [
-            sys.executable, "-m", "launcher.sbatch", "--config", str(self.config), "--parsable",
+            sys.executable, "-m", "sia_slurm.job.sbatch", "--config", str(self.config),
+            "--parsable",
             "--app", plan.app, "--max-gpus", str(plan.max_gpus), "--job-name", plan.name,
             f"--output={self.log(plan.name)}", JOB_ENV, "--max-failures", str(plan.max_failures),
             "--", sys.executable, *plan.command, "--sample-log", str(self.samples(plan.name)),
@@ -224,7 +225,7 @@ def rank0_pids(sia_ids: Iterable[str]) -> dict[str, set[int]]:
         if not entry.isdigit():
             continue
         try:
-            if b"launcher.examples" not in Path(f"/proc/{entry}/cmdline").read_bytes():
+            if b"sia_slurm.job.examples" not in Path(f"/proc/{entry}/cmdline").read_bytes():
                 continue
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:
@@ -414,7 +415,7 @@ DATA_TMP = re.compile(r"^\.ckpt-(\d{10})\.pt\.(?!sha256\.)\w+\.tmp$")  # mkstemp
 class CheckpointKiller:
     """SIGKILLs rank 0 of a candidate job (``--max-failures 1``) the moment it creates the
     temporary file of a checkpoint's data, which it fsyncs and renames before it writes the
-    digest that makes the checkpoint complete (``launcher/elastic/checkpoint.py``). The kill
+    digest that makes the checkpoint complete (``sia_slurm/job/elastic/checkpoint.py``). The kill
     counts when, a second later, that checkpoint has no digest; otherwise it came too late
     and the next write is tried. Uses Linux inotify (through libc), so that the kill lands
     within the write, which a poll could not catch."""

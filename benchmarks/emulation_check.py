@@ -84,7 +84,7 @@ def profile_step_time(profile: AppProfile, profile_type: str, local_bsz: int) ->
     return points[0][1]
 
 
-EMULATED = "launcher.examples.emulated"
+EMULATED = "sia_slurm.job.examples.emulated"
 
 
 def newest_reports(db_path: Path, state_dir: Path) -> dict[str, MetricsReport]:

@@ -10,7 +10,7 @@ cluster's 2 x 4 a100, 2 x 4 rtx, 2 x 4 t4) with the same controller (Sia), compr
 * **simulator**: the paper's world compressed k times: every job makes progress k times faster
   (its app's calibration factor divided by k) and restart delays (true and assumed) are divided
   by k. Everything else (traces, gradient statistics, policy) is unchanged;
-* **dev cluster**: each job is an emulated trainer (``launcher/examples/emulated.py``) whose
+* **dev cluster**: each job is an emulated trainer (``sia_slurm/job/examples/emulated.py``) whose
   micro-batch takes the app's profiled time on the assigned GPU type times the app's calibration
   factor (as the simulator slows progress by it), done after ``completion samples / k``
   M0-equivalent samples (the app's epochs x samples per epoch, divided by k), each step weighted
@@ -128,7 +128,7 @@ def job_command(truth: AppTruth, scale: float) -> list[str]:
     epochs = max(1, round(truth.stats.max_epochs))
     dataset = max(MIN_DATASET, round(samples / epochs))
     return [
-        "python", "-m", "launcher.examples.emulated",
+        "python", "-m", "sia_slurm.job.examples.emulated",
         "--progress", "efficiency", "--target-samples", f"{samples!r}",
         "--epochs", str(epochs), "--dataset-size", str(dataset),
         "--untimed-scale", f"{truth.calibration:g}",
@@ -207,7 +207,7 @@ def sbatch_argv(job: WorkloadJob, truth: AppTruth, scale: float, out_dir: Path) 
     k), so both controllers weigh restarts alike."""
     restart_cost = compressed_truth(truth, scale).restart.assumed_s
     return [
-        sys.executable, "-m", "launcher.sbatch", "--app", job.application,
+        sys.executable, "-m", "sia_slurm.job.sbatch", "--app", job.application,
         "--job-name", job.name, f"--output={out_dir / job.name}.out",
         "--restart-cost", f"{restart_cost!r}",
         "--export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120",

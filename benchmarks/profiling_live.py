@@ -3,7 +3,7 @@ cluster (issue 34; docs/profiling.md, "Measured").
 
 One dev cluster (a100, rtx, t4: 2 nodes x 4 fake GPUs each; the TaskProlog gives the types their
 speed factors and emulated memory) and the real controller (``sia-slurm controller run``, rounds
-of ``--round-s``). The job is the transformer example (``launcher/examples/transformer.py``,
+of ``--round-s``). The job is the transformer example (``sia_slurm/job/examples/transformer.py``,
 ElasticTrainer, gloo) under one app name:
 
 1. **overhead**: the job alone and held at one GPU (the dev cluster's GPUs share this
@@ -77,11 +77,11 @@ class Bench:
     def submit(self, name: str, *options: str, steps: int, batch: int) -> str:
         """A transformer job of the app; its sia id."""
         argv = [
-            sys.executable, "-m", "launcher.sbatch", "--config", str(self.config),
+            sys.executable, "-m", "sia_slurm.job.sbatch", "--config", str(self.config),
             "--app", APP, "--batch-size", str(batch), "--max-batch-size", str(8 * batch),
             "--job-name", name, f"--output={self.root / (name + '.out')}",
             "--export=ALL,SIA_METRICS_INTERVAL_S=1", *options, "--",
-            sys.executable, "-m", "launcher.examples.transformer",
+            sys.executable, "-m", "sia_slurm.job.examples.transformer",
             "--epochs", "100000", "--max-steps", str(steps), "--dataset-size", "2048",
         ]  # fmt: skip
         done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, check=True)

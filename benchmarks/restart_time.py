@@ -72,7 +72,7 @@ NODES = ("a100-1", "a100-2")
 JOB_ENV = "--export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120"  # as benchmarks/fidelity.py
 # A rigid emulated cifar10 trainer that cannot finish during the calibration (it is cancelled).
 TRAINER = [
-    "python", "-m", "launcher.examples.emulated",
+    "python", "-m", "sia_slurm.job.examples.emulated",
     "--progress", "raw", "--epochs", "1000000", "--dataset-size", "4096",
 ]  # fmt: skip
 GRANT_TIMEOUT_S = 90.0  # from a drain (or a submission) to the controller's grant
@@ -225,7 +225,7 @@ def await_training(site: Site, size: int, sia_id: str, kind: str, after: float) 
 def submit(site: Site, size: int) -> tuple[str, str]:
     """One rigid emulated trainer of ``size`` a100 GPUs; ``(sia id, Slurm job id)``."""
     done = site.run(
-        [sys.executable, "-m", "launcher.sbatch", "--parsable", "--app", "cifar10",
+        [sys.executable, "-m", "sia_slurm.job.sbatch", "--parsable", "--app", "cifar10",
          "--kind", "rigid", "--num-gpus", str(size), "--gpu-type", "a100",
          "--job-name", f"restart-g{size}", f"--output={site.log(size)}", JOB_ENV,
          "--", *TRAINER],

@@ -116,7 +116,7 @@ for path in "$(dirname "$python")" "$("$python" -c 'import sys; print(sys.prefix
     grant_traverse "$path"
 done
 as "$account" "$python" -c "import sia_slurm.cli.main"
-as "$user" "$python" -c "import sia_slurm, launcher, torch"
+as "$user" "$python" -c "import sia_slurm.job, torch"
 install -d -o "$user" -m 0755 "$dir/jobs-out"
 install -o "$account" -m 0644 /dev/null "$dir/controller.log"
 
@@ -143,14 +143,14 @@ submit() { # submit NAME APP MAX_GPUS -- COMMAND...  (APP "-": no profile, profi
     shift 4
     model=(--app "$app")
     [ "$app" = - ] && model=(--batch-size 12 --max-batch-size 384) # M0 and the LR rule's limit
-    (cd "$dir/jobs-out" && as "$user" "$python" -m launcher.sbatch --config "$config" \
+    (cd "$dir/jobs-out" && as "$user" "$python" -m sia_slurm.job.sbatch --config "$config" \
         "${model[@]}" --max-gpus "$max_gpus" --job-name "$name" \
         --output "$dir/jobs-out/$name.out" \
         --export=ALL,SIA_METRICS_INTERVAL_S=5,SIA_LINGER_S=120 -- "$@" >/dev/null)
     submitted=$((submitted + 1))
 }
 emulated() { # emulated NAME APP MAX_GPUS EPOCHS DATASET
-    submit "$1" "$2" "$3" -- "$python" -m launcher.examples.emulated \
+    submit "$1" "$2" "$3" -- "$python" -m sia_slurm.job.examples.emulated \
         --epochs "$4" --dataset-size "$5"
 }
 
@@ -163,9 +163,9 @@ emulated bert-a bert 4 4 480
 emulated yolov3-a yolov3 4 6 480
 emulated cifar10-c cifar10 8 20 32768
 emulated imagenet-a imagenet 4 8 8000
-submit cnn-real cifar10 2 -- "$python" -m launcher.examples.cnn --epochs 20 --dataset-size 4096
+submit cnn-real cifar10 2 -- "$python" -m sia_slurm.job.examples.cnn --epochs 20 --dataset-size 4096
 # A model sia-slurm has no profile of: profiled on one GPU of each type first (docs/profiling.md)
-submit transformer-real - 2 -- "$python" -m launcher.examples.transformer --epochs 6
+submit transformer-real - 2 -- "$python" -m sia_slurm.job.examples.transformer --epochs 6
 
 say "controller: sia-slurm controller run as $account (rounds of $round_s s; log $dir/controller.log)"
 # setpriv, not runuser, for the long-running controller: setpriv execs it, so the SIGTERM below

@@ -17,11 +17,11 @@ from typing import Any
 # hook (it restores sys.path afterwards).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from launcher.launch import cli as launch_cli
-from launcher.sbatch import cli as sbatch_cli
 from sia_slurm import config_keys
 from sia_slurm.cli import reference
 from sia_slurm.cli.main import cli
+from sia_slurm.job.launch import cli as launch_cli
+from sia_slurm.job.sbatch import cli as sbatch_cli
 
 MARKERS = ("<!-- generated: cli -->", "<!-- generated: config -->")
 

@@ -48,8 +48,11 @@ CHANGELOG = "CHANGELOG.md"
 # The distribution's name as wheel and sdist file names write it.
 DIST_NAME = "sia_slurm"
 # The job side's package (the programs users run on compute nodes); the wheel must hold it.
-JOB_PACKAGE = "launcher"
-PACKAGES = ("sia_slurm", JOB_PACKAGE)
+JOB_PACKAGE = "sia_slurm.job"
+# Its old name, a deprecated alias for one release (launcher/__init__.py): jobs submitted before
+# an upgrade still run `python -m launcher.launch`.
+ALIAS_PACKAGE = "launcher"
+PACKAGES = ("sia_slurm", JOB_PACKAGE, ALIAS_PACKAGE)
 PROGRAMS = ("sia-slurm", "sia-sbatch", "sia-launch")
 # pyproject.toml's data-files put profiles/ here in the wheel (sia_slurm.model.profile).
 PROFILES_DIR = "profiles"

@@ -1,9 +1,9 @@
-"""What the job side (``launcher/``: ``sia-sbatch``, ``sia-launch``) needs of the site's config.
+"""What the job side (``sia_slurm.job``: ``sia-sbatch``, ``sia-launch``) needs of the site's config.
 
 The job side reads the same config file as the controller (``sia.yaml``), but needs only a
 handful of its settings: where the state tree is, the marker of managed jobs, the round length,
 the GPU types (and their keys in the throughput profiles) and the partitions that hold them.
-:class:`JobSiteSettings` is that narrow contract; ``launcher/settings.py`` (the job side's one
+:class:`JobSiteSettings` is that narrow contract; ``sia_slurm/job/settings.py`` (the job side's one
 loader) builds it from a validated :class:`~sia_slurm.config.SiaConfig` with :meth:`of`, so a
 bad config is reported exactly as the controller reports it.
 

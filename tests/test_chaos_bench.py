@@ -164,9 +164,9 @@ def rerun(restart: int, restored: int, completed: int) -> str:
     return (
         f"2026-11-25 06:09:00,000 sia-launch INFO {tag} a100:1x1 batch 12 = 1 x 12 x 1, "
         f"restart {restart}: srun --nodes=1 --rdzv-id=1 --max-restarts=0\n"
-        f"2026-11-25 06:09:01,000 rank0 launcher.elastic.trainer INFO {tag} restored step "
+        f"2026-11-25 06:09:01,000 rank0 sia_slurm.job.elastic.trainer INFO {tag} restored step "
         f"{restored} (epoch 1, sample 0 of 480) from ckpt-{restored:010d}.pt\n"
-        f"2026-11-25 06:09:02,000 rank0 launcher.elastic.trainer INFO {tag} training complete "
+        f"2026-11-25 06:09:02,000 rank0 sia_slurm.job.elastic.trainer INFO {tag} training complete "
         f"after {completed} steps\n"
     )
 

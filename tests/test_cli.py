@@ -6,8 +6,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from launcher.sbatch import cli as sbatch_cli
 from sia_slurm.cli.main import cli
+from sia_slurm.job.sbatch import cli as sbatch_cli
 
 
 def all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -118,7 +118,7 @@ def test_dev_cluster_config_passes_config_check(tmp_path) -> None:
 
 
 def test_sia_sbatch_needs_a_training_command(tmp_path, monkeypatch) -> None:
-    """Argument errors are exit 2 with one line naming the problem (more in tests/launcher)."""
+    """Argument errors are exit 2 with one line naming the problem (more in tests/job)."""
     from pathlib import Path
 
     example = Path(__file__).resolve().parent.parent / "etc" / "sia.yaml"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from launcher.sbatch import cli as sbatch_cli
 from sia_slurm.cli.main import cli
 from sia_slurm.cli.reference import reference_markdown
 from sia_slurm.config_keys import KEYS
+from sia_slurm.job.sbatch import cli as sbatch_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -29,9 +29,10 @@ def imported_after(module: str) -> set[str]:
 @pytest.mark.parametrize(
     "module",
     [
-        "launcher.launch",
-        "launcher.sbatch",
-        "launcher.examples.emulated",
+        "sia_slurm.job.launch",
+        "sia_slurm.job.sbatch",
+        "sia_slurm.job.examples.emulated",
+        "launcher.launch",  # through the deprecated alias, as old batch scripts run it
         "sia_slurm.config",
         "sia_slurm.job_settings",
     ],

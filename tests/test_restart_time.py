@@ -38,7 +38,7 @@ from sia_slurm.policy.base import NodeShare  # noqa: E402
 from sia_slurm.state.journal import SKIPPED, Journal  # noqa: E402
 from sia_slurm.state.store import Store  # noqa: E402
 
-# launcher/examples/common.py's format, for rank 0; the trainer's logger and prefix.
+# sia_slurm/job/examples/common.py's format, for rank 0; the trainer's logger and prefix.
 TRAINER_FORMAT = "%(asctime)s rank0 %(name)s %(levelname)s %(message)s"
 T0 = 1_700_000_000.0  # epoch seconds of the first grant
 BATCH = BatchChoice(128, 64, 0)
@@ -48,7 +48,7 @@ def log_line(when: float, round_index: int, sia_id: str, message: str, rank: int
     """A line exactly as the trainer's logging writes it at epoch time ``when`` (local time)."""
     formatter = logging.Formatter(TRAINER_FORMAT.replace("rank0", f"rank{rank}"))
     record = logging.LogRecord(
-        "launcher.elastic.trainer", logging.INFO, __file__, 1,
+        "sia_slurm.job.elastic.trainer", logging.INFO, __file__, 1,
         f"[round={round_index} job={sia_id}] {message}", None, None,
     )  # fmt: skip
     record.created = when

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import sia_slurm
-from launcher.launch import cli as launch_cli
-from launcher.sbatch import cli as sbatch_cli
 from sia_slurm.cli.main import cli
+from sia_slurm.job.launch import cli as launch_cli
+from sia_slurm.job.sbatch import cli as sbatch_cli
 
 
 @pytest.mark.parametrize(

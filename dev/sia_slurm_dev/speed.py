@@ -6,10 +6,10 @@ would learn nothing about heterogeneity. The dev cluster therefore tells its job
 per type, through two variables a real cluster never sets:
 
 * ``SIA_DEVCLUSTER_SPEED`` (``a100=1,rtx=0.35,...``): the type's speed factor ``f``; the job
-  side (``launcher/elastic/devspeed.py``) makes each step take ``1/f`` times as long. The factor
-  is derived from the shipped profiles, so the dev cluster's types differ as the profiled GPUs
-  do: for each app, a type's best 1-GPU throughput (``local_bsz / step_time`` over its 1-GPU seed
-  points) divided by the fastest type's; the factor is the geometric mean over the apps (each
+  side (``sia_slurm/job/elastic/devspeed.py``) makes each step take ``1/f`` times as long. The
+  factor is derived from the shipped profiles, so the dev cluster's types differ as the profiled
+  GPUs do: for each app, a type's best 1-GPU throughput (``local_bsz / step_time`` over its 1-GPU
+  seed points) divided by the fastest type's; the factor is the geometric mean over the apps (each
   app weighs the same, whatever its absolute speed), normalised so the fastest type is 1.
   Only the cluster's own types take part, so its fastest type never sleeps.
 * ``SIA_DEVCLUSTER_MEMORY`` (``a100=320,...``): the largest per-GPU batch, in samples, that

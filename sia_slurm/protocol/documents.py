@@ -263,7 +263,7 @@ class ExitCause(StrEnum):
     LAUNCH_FAILED = "launch_failed"  # srun started no task, or the rendezvous never formed:
     # Slurm or the node did not launch what was asked (the job's code never ran)
     ABORTED = "aborted"  # the trainer was killed without ending by itself while srun exited 0
-    # (a node failure): Slurm ended the run under the job (launcher/runs.py)
+    # (a node failure): Slurm ended the run under the job (sia_slurm/job/runs.py)
 
     @property
     def users_fault(self) -> bool:

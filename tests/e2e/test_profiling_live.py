@@ -3,7 +3,7 @@
 Every round is ``controller run --once`` as the service account, as cron runs it (the
 ``site`` of tests/e2e/test_controller_live.py). The jobs are tests/slurm/protocol_job.py: on
 a profiling run it writes ``profiled.json`` from the cifar10 seed profile, as the job side
-writes what it measured (the job side's own sweep is tested in tests/launcher). Checked: a
+writes what it measured (the job side's own sweep is tested in tests/job). Checked: a
 never-seen model is given one GPU of each type in turn, each run with a sweep, its profile
 kept and the job then scheduled from it; a second job of the same app waits and reuses the
 profile; a hostile profile document is refused while the other jobs go on.
@@ -189,10 +189,10 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     # 6000 steps: at load 15 the job trained all of 3000 during its profiling rounds and had
     # completed when the controller moved it onto its profile's choice (a failed move)
     done = subprocess.run(
-        [sys.executable, "-m", "launcher.sbatch", "--config", str(site.config_path),
+        [sys.executable, "-m", "sia_slurm.job.sbatch", "--config", str(site.config_path),
          "--batch-size", "8", "--max-batch-size", "256", "--max-gpus", "2",
          f"--output={site.root / 'lm.out'}", "--export=ALL,SIA_METRICS_INTERVAL_S=1",
-         "--", sys.executable, "-m", "launcher.examples.transformer",
+         "--", sys.executable, "-m", "sia_slurm.job.examples.transformer",
          "--epochs", "1000", "--max-steps", "6000", "--dataset-size", "512"],
         env=site.env(), cwd=site.root, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

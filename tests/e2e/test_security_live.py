@@ -96,13 +96,13 @@ class Site:
     def submit(self, user: str, *options: str, train: bool = False) -> tuple[str, str]:
         """``sia-sbatch`` as ``user``; (Slurm job id, sia id)."""
         if train:
-            command = ["python", "-m", "launcher.examples.emulated", "--epochs", "1000"]
+            command = ["python", "-m", "sia_slurm.job.examples.emulated", "--epochs", "1000"]
         else:
             command = ["python", str(self.sleeper)]
         proc = self.as_user(
             user,
             [
-                *(PYTHON, "-m", "launcher.sbatch", "--parsable", "--config", str(self.config)),
+                *(PYTHON, "-m", "sia_slurm.job.sbatch", "--parsable", "--config", str(self.config)),
                 *(f"--output={self.out_dir}/%j.out", "--export=ALL,SIA_METRICS_INTERVAL_S=1"),
                 *options,
                 "--",

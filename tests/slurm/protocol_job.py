@@ -241,7 +241,7 @@ class ProtocolJob:
         return 143, ExitCause.TERMINATED
 
     def _await_successor(self, successor: list[object], wait_s: float = 60.0) -> None:
-        """As sia-launch does (launcher.runs.await_successor): exit only once the successor
+        """As sia-launch does (sia_slurm.job.runs.await_successor): exit only once the successor
         reports, Slurm terminates this run, or ``wait_s`` passes, so that the exit reaches
         slurmctld when the job runs elsewhere, not while it is still pending."""
         deadline = time.time() + wait_s

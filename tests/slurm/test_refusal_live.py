@@ -4,8 +4,8 @@ again as granted (issue 18, item 6), on the real dev cluster.
 Seen in the chaos soak: after a slurmd restart, Slurm started a granted run with
 ``SLURM_GPUS_ON_NODE=0`` while ``scontrol show job`` showed its GPUs, so only the launcher saw
 the mismatch. Slurm cannot easily be made to do that on purpose; the launcher's own detection
-is covered by ``tests/launcher/test_launch.py``. Here the refusal is written, as the job's
-user, by the launcher's own writer (:func:`launcher.grant.record_refusal`), with the
+is covered by ``tests/job/test_launch.py``. Here the refusal is written, as the job's
+user, by the launcher's own writer (:func:`sia_slurm.job.grant.record_refusal`), with the
 launcher's own message for a batch step that saw 0 GPUs.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from launcher.grant import LaunchError, SlurmAllocation, check_allocation, record_refusal
 from sia_slurm.cluster import JobPhase, Start
+from sia_slurm.job.grant import LaunchError, SlurmAllocation, check_allocation, record_refusal
 from sia_slurm.job_settings import JobSiteSettings
 from sia_slurm.protocol import Assignment, read_document
 from sia_slurm_dev import DevCluster

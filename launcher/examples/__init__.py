@@ -1,1 +1,0 @@
-"""Example training scripts made elastic with :mod:`launcher.elastic` (no downloads)."""

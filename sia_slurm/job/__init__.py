@@ -1,0 +1,1 @@
+"""The job side of sia-slurm: the sbatch wrapper, the torchrun launcher, training helpers."""

@@ -1,0 +1,190 @@
+"""A real Lightning ``Trainer`` under ElasticStrategy in one process (a one-process gloo
+group): the assigned batch with accumulation, a stop mid-epoch that checkpoints, acks and
+exits, a resume on another batch at the next sample with Lightning's epoch counter, optimizer
+and scheduler restored, a rebatch mid-epoch that Lightning's epoch end still sees, and the
+completion checkpoint. Lightning is a test dependency (scripts/install.sh installs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as L
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+from sia_slurm.job.elastic import CheckpointManager, ElasticDataLoader, ElasticJob
+from sia_slurm.job.elastic.lightning import ElasticStrategy
+from sia_slurm.job.jobenv import JobEnvironment
+from sia_slurm.job.runs import training_name
+from sia_slurm.protocol import (
+    Assignment,
+    MetricsReport,
+    StatePaths,
+    StopRequest,
+    read_document,
+    write_document,
+)
+from sia_slurm.safefiles import read_json
+from tests.job.gloo import run_two_ranks
+
+SIZE = 40
+
+
+class Regression(L.LightningModule):
+    """A linear model that records what it trained on; ``after(module)`` runs after each
+    optimizer step (the job's step count moved)."""
+
+    def __init__(self, job: ElasticJob, after: Any = None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Linear(4, 1)
+        self.job = job
+        self.after = after
+        self.seen: Counter[tuple[int, int]] = Counter()
+        self.steps_seen = job.step
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(SIZE, 4, generator=gen)
+        y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(SIZE, generator=gen)
+        self.dataset = TensorDataset(x, y, torch.arange(SIZE))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, indices = batch
+        self.seen.update((self.current_epoch, int(i)) for i in indices)
+        return F.mse_loss(self.net(x).squeeze(1), y)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.after is not None and self.job.step != self.steps_seen:
+            self.steps_seen = self.job.step
+            self.after(self)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    def train_dataloader(self) -> ElasticDataLoader:
+        return ElasticDataLoader(self.dataset, job=self.job)
+
+
+def fit(
+    env: JobEnvironment, epochs: int, after: Any = None, signals: bool = False
+) -> tuple[ElasticJob, Regression]:
+    job = ElasticJob(env, install_signal_handlers=signals, noise_decay=0.0, control_interval=1)
+    module = Regression(job, after)
+    trainer = L.Trainer(
+        strategy=ElasticStrategy(job=job, lr_scaling="none"),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        gradient_clip_val=100.0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+    )
+    trainer.fit(module)
+    return job, module
+
+
+def test_a_lightning_trainer_stops_resumes_on_another_batch_and_rebatches(make_env) -> None:  # type: ignore[no-untyped-def]
+    env = make_env(batch_size=8, local_bsz=4, accum_steps=1, init_batch_size=8, linger_s=0.1)
+    paths = StatePaths(env.state_dir)
+
+    def request_stop(module: Regression) -> None:
+        if module.job.step == 2:  # obeyed after step 3 (index 2), mid-epoch
+            write_document(paths.stop_request(env.sia_id), StopRequest(env.sia_id, 2))
+
+    with pytest.raises(SystemExit) as stopped:
+        fit(env, 3, after=request_stop)
+    assert stopped.value.code == 0
+    assert paths.ack(env.sia_id, 2, "7", 0).exists()
+    first = torch.load(next((env.checkpoint_dir).glob("ckpt-0000000003.pt")), weights_only=True)
+    assert first["sampler"]["position"] == 24 and first["format"] == 2
+    assert read_json(paths.job_dir(env.sia_id) / training_name("7", 0))["end"] == "stopped"
+    # Lightning's optimizer steps: 3 of 2 micro-batches each; its scheduler did not step yet
+    assert first["optimizer"]["state"][0]["momentum_buffer"].abs().sum() > 0
+    assert first["scheduler"]["last_epoch"] == 0
+
+    second_env = make_env(
+        batch_size=16, local_bsz=8, accum_steps=1, init_batch_size=8, launch_round=2, restarts=1
+    )
+
+    def rebatch(module: Regression) -> None:
+        if module.job.step == 5:  # after epoch 1's first step; adopted after its second
+            write_document(
+                paths.assignment(env.sia_id),
+                Assignment(env.sia_id, 3, "a100", "dgx", 1, 1, (), 4, 4, 0, 1, "7", 1),
+            )
+
+    job, module = fit(second_env, 3, after=rebatch)
+    assert job.restored_step == 3 and job.completed
+    assert job.round == 3 and job.batch.batch_size == 4
+    # epoch 0's last 16 samples, epoch 1: 2 steps at 16, 2 at 4 (Lightning counts 6 batches,
+    # not the 5 it planned), epoch 2: 10 at 4; every sample once
+    assert sum(v for (e, _), v in module.seen.items() if e == 0) == 16
+    assert all(v == 1 for v in module.seen.values())
+    assert {i for (e, i) in module.seen if e == 1} == set(range(SIZE))
+    assert {i for (e, i) in module.seen if e == 2} == set(range(SIZE))
+    assert job.step == 3 + 1 + 2 + 2 + 10
+    last = torch.load(env.checkpoint_dir / f"ckpt-{job.step:010d}.pt", weights_only=True)
+    assert last["scheduler"]["last_epoch"] == 3  # stepped at the end of each epoch
+    assert last["sampler"]["epoch"] == 2 and last["sampler"]["position"] == SIZE
+    assert read_json(paths.job_dir(env.sia_id) / training_name("7", 1))["end"] == "completed"
+    assert job.noise.known  # the comm hook's statistics reached the job
+
+
+def test_sigterm_under_lightning_checkpoints_after_the_step(make_env) -> None:  # type: ignore[no-untyped-def]
+    """Lightning installs its own SIGTERM handler (it would raise at the next batch); the job's
+    takes it back: the step in flight completes, then a checkpoint and exit 0."""
+    env = make_env(batch_size=8, local_bsz=4, accum_steps=1, init_batch_size=8)
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminate(module: Regression) -> None:
+        if module.job.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        with pytest.raises(SystemExit) as ended:
+            fit(env, 2, after=terminate, signals=True)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert ended.value.code == 0
+    assert CheckpointManager(env.checkpoint_dir).steps() == [3]
+    paths = StatePaths(env.state_dir)
+    assert read_json(paths.job_dir(env.sia_id) / training_name("7", 0))["end"] == "terminated"
+
+
+def test_the_lightning_example_trains_two_gloo_replicas(tmp_path: Path, make_env) -> None:  # type: ignore[no-untyped-def]
+    """sia_slurm/job/examples/lightning_elastic.py as torchrun would start it for 2 GPUs: the two
+    ranks train disjoint halves of every epoch with accumulation, DDP's communication hook
+    gives the controller noise statistics, and the job completes with its checkpoint."""
+    env = make_env(gpus=2, batch_size=16, local_bsz=4, accum_steps=1, init_batch_size=8)
+    command = [
+        sys.executable, "-m", "sia_slurm.job.examples.lightning_elastic", "--epochs", "2",
+        "--dataset-size", "48", "--workers", "0", "--sample-log", str(tmp_path / "log"),
+    ]  # fmt: skip
+    assert run_two_ranks(command, env, 180) == [0, 0]
+    rows = [
+        (rank, json.loads(line))
+        for rank in range(2)
+        for line in (tmp_path / "log" / f"samples-r{rank}.jsonl").read_text().splitlines()
+    ]
+    for epoch in range(2):
+        per_rank = [
+            [i for r, row in rows if r == rank and row["epoch"] == epoch for i in row["indices"]]
+            for rank in range(2)
+        ]
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(48))  # each sample once
+        assert len(per_rank[0]) == len(per_rank[1]) == 24
+    assert {row["accum_steps"] for _, row in rows} == {1}
+    assert CheckpointManager(env.checkpoint_dir).steps()[0] == 6  # 2 epochs x 48 / 16
+    report = read_document(MetricsReport, StatePaths(env.state_dir).metrics(env.sia_id))
+    assert report.steps == 6 and report.grad_var > 0  # (grad_sqr may be clipped at 0)
