@@ -31,7 +31,7 @@ def imported_after(module: str) -> set[str]:
     [
         "launcher.launch",
         "launcher.sbatch",
-        "launcher.examples.emulated",
+        pytest.param("launcher.examples.emulated", marks=pytest.mark.heavy),  # torch
         "sia_slurm.config",
         "sia_slurm.job_settings",
     ],

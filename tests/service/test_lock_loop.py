@@ -77,6 +77,7 @@ def test_once_exits_at_once_while_another_controller_holds_the_lock(tmp_path: Pa
     assert not (tmp_path / "state" / "sia.db").exists(), "a locked-out run must touch nothing"
 
 
+@pytest.mark.heavy
 def test_two_parallel_once_runs_one_round(tmp_path: Path) -> None:
     """Whichever takes the lock holds it, inside its snapshot, until the other has exited."""
     config = write_config(tmp_path)
