@@ -15,8 +15,8 @@ runs is that release's. ``scripts/test.sh`` runs the suite once per release, eac
 its own ``SIA_TEST_PORT_BASE``.
 
 Any test that uses a dev-cluster fixture is marked ``slurm``, so ``-m "not slurm"`` (the inner
-loop) starts no daemon. SIGTERM stops a session as Ctrl-C does: its fixtures tear down, the
-clusters with them (tests/slurm/test_sigterm_teardown.py).
+loop and the heavy tier) starts no daemon. SIGTERM stops a session as Ctrl-C does: its fixtures
+tear down, the clusters with them (tests/slurm/test_sigterm_teardown.py).
 """
 
 from __future__ import annotations
