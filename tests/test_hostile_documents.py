@@ -408,6 +408,7 @@ def check_file(cls: type[Any], path: Path, data: bytes) -> None:
         event("accepted")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("cls", DOCUMENTS, ids=lambda cls: cls.__name__)
 @PER_KIND
