@@ -2,7 +2,8 @@
 # Install everything, then run the linters, the documentation build and the whole test suite,
 # Slurm integration included, on every Slurm release sia-slurm supports. Nine pytest sessions
 # run side by side (docs/testing.md):
-#   - the tests that start no daemon (`-m "not slurm"`), output here as it runs;
+#   - the tests that start no daemon (`-m "not slurm"`: the inner loop and the heavy tier,
+#     `-m "not slurm and not heavy"` and `-m heavy`, in one session), output here as it runs;
 #   - the real-Slurm tests (marked `slurm`: every test that starts daemons, tests/conftest.py)
 #     but those marked one_release, on the host's Slurm (Debian 12: 22.05), tests/e2e in one
 #     session and the rest in another, and those marked one_release in two more;
@@ -108,9 +109,10 @@ else
         --ignore=tests/e2e/test_profiling_live.py
 fi
 status=0
-# The tests that start no daemon (the inner loop), on ports of their own (tests/release.py's
-# quiet ports follow the base), in the background too (its output still comes here as it runs),
-# so that the trap runs at once: bash runs no trap while it waits for a foreground command.
+# The tests that start no daemon, the inner loop and the heavy tier together (CI leaves none
+# out), on ports of their own (tests/release.py's quiet ports follow the base), in the
+# background too (its output still comes here as it runs), so that the trap runs at once: bash
+# runs no trap while it waits for a foreground command.
 SIA_TEST_PORT_BASE=$((base + 9000)) python3 -m pytest -q -m "not slurm" "${targets[@]}" &
 host=$!
 pytest_pids+=("$host")

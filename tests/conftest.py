@@ -15,8 +15,8 @@ runs is that release's. ``scripts/test.sh`` runs the suite once per release, eac
 its own ``SIA_TEST_PORT_BASE``.
 
 Any test that uses a dev-cluster fixture is marked ``slurm``, so ``-m "not slurm"`` (the inner
-loop) starts no daemon. SIGTERM stops a session as Ctrl-C does: its fixtures tear down, the
-clusters with them (tests/slurm/test_sigterm_teardown.py).
+loop and the heavy tier) starts no daemon. SIGTERM stops a session as Ctrl-C does: its fixtures
+tear down, the clusters with them (tests/slurm/test_sigterm_teardown.py).
 """
 
 from __future__ import annotations
@@ -60,12 +60,29 @@ DAEMON_FIXTURES = frozenset({"dev_cluster", "slurm_env", "accounting_cluster"})
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a dev cluster is a ``slurm`` test, marked by hand or not, so that
-    ``pytest -m "not slurm"`` (the inner loop, docs/testing.md) starts no daemon: the unmarked
-    tests/slurm/test_dev_cluster.py once brought a cluster up in that tier. First (tryfirst), so
-    that ``-m`` deselects by the marks added here."""
+    ``pytest -m "not slurm and not heavy"`` (the inner loop, docs/testing.md) starts no daemon:
+    the unmarked tests/slurm/test_dev_cluster.py once brought a cluster up in that tier. First
+    (tryfirst), so that ``-m`` deselects by the marks added here.
+
+    A ``slurm`` test is never ``heavy`` as well: the tiers are separate, ``-m heavy`` starts no
+    daemon either, and slurm wins. A test's own ``heavy`` mark is dropped; one it inherits from
+    its module or class cannot be dropped for that test alone, so it stops the session."""
     for item in items:
         if DAEMON_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
+    inherited = []
+    for item in items:
+        if item.get_closest_marker("slurm") is None:
+            continue
+        item.own_markers[:] = [mark for mark in item.own_markers if mark.name != "heavy"]
+        if item.get_closest_marker("heavy") is not None:
+            inherited.append(item.nodeid)
+    if inherited:
+        raise pytest.UsageError(
+            "marked heavy by their module or class but slurm tests (a dev-cluster fixture or "
+            "the slurm mark), which are never heavy: " + ", ".join(inherited) + "; mark that "
+            "module's or class's heavy tests one by one instead (docs/testing.md, 'Tiers')"
+        )
 
 
 class SessionTerminated(KeyboardInterrupt):

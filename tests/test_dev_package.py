@@ -17,6 +17,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import sia_slurm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +61,7 @@ def test_the_dev_distribution_has_sia_slurms_version_and_pins_it() -> None:
     assert f"sia-slurm=={sia_slurm.__version__}" in project["dependencies"]
 
 
+@pytest.mark.heavy
 def test_sia_slurm_runs_without_the_dev_package() -> None:
     result = _sia_slurm_without_dev_package("--help")
     assert result.returncode == 0, result.stderr
@@ -66,6 +69,7 @@ def test_sia_slurm_runs_without_the_dev_package() -> None:
     assert "pip install -e ./dev" in result.stdout  # the dev-cluster entry says what it needs
 
 
+@pytest.mark.heavy
 def test_dev_cluster_without_the_dev_package_says_how_to_install_it() -> None:
     """Whatever follows (``--help`` too, or ``up --spec ...``): one line, and a failure."""
     result = _sia_slurm_without_dev_package("dev-cluster", "--help", "up", "--spec", "a100:1x2")
@@ -133,6 +137,7 @@ def _skipped(directory: str, names: list[str]) -> set[str]:
     }
 
 
+@pytest.mark.heavy
 def test_the_runtime_wheel_carries_no_dev_cluster(tmp_path: Path) -> None:
     """Built from a copy of the checkout (dev/ included, so a packaging rule that picked it up
     would show), not in place: setuptools writes build/ and *.egg-info into the source tree."""

@@ -408,6 +408,7 @@ def check_file(cls: type[Any], path: Path, data: bytes) -> None:
         event("accepted")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("cls", DOCUMENTS, ids=lambda cls: cls.__name__)
 @PER_KIND
@@ -618,6 +619,7 @@ def read_profile(path: Path) -> AppProfile | str:
             return str(exc)
 
 
+@pytest.mark.heavy
 @FUZZ
 @given(text=PROFILE_TEXTS)
 def test_a_hostile_profile_gives_a_profile_within_bounds_or_a_protocol_error(
@@ -849,6 +851,7 @@ def assert_honest_untouched(outcome: RoundOutcome, evil: JobSnapshot | None) -> 
     assert honest == reference(nodes)
 
 
+@pytest.mark.heavy
 @ROUNDS
 @given(drawn=evil_jobs_reporting())
 def test_an_evil_spec_and_report_leave_the_honest_jobs_decisions_alone(
@@ -861,6 +864,7 @@ def test_an_evil_spec_and_report_leave_the_honest_jobs_decisions_alone(
     assert_honest_untouched(outcome, evil)
 
 
+@pytest.mark.heavy
 @ROUNDS
 @given(evil=evil_jobs(), text=PROFILE_TEXTS)
 def test_an_evil_profile_document_quarantines_its_job_only(evil: JobSnapshot, text: str) -> None:
@@ -967,6 +971,7 @@ def clean_snapshot() -> ClusterSnapshot:
         return backend_for(fake).snapshot()
 
 
+@pytest.mark.heavy
 @settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(files=EVIL_FILES)
 def test_evil_job_files_on_slurm_quarantine_that_job_only(files: dict[str, bytes | None]) -> None:
@@ -1027,6 +1032,7 @@ def run_records(draw: st.DrawFn) -> tuple[str, bytes]:
     return ending, draw(STRATEGIES[make](cls, ON_SLURM[cls]))
 
 
+@pytest.mark.heavy
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=run_records())
 def test_evil_run_records_on_slurm_are_that_jobs_alone(drawn: tuple[str, bytes]) -> None:

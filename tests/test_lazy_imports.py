@@ -31,7 +31,7 @@ def imported_after(module: str) -> set[str]:
     [
         "sia_slurm.job.launch",
         "sia_slurm.job.sbatch",
-        "sia_slurm.job.examples.emulated",
+        pytest.param("sia_slurm.job.examples.emulated", marks=pytest.mark.heavy),  # torch
         "launcher.launch",  # through the deprecated alias, as old batch scripts run it
         "sia_slurm.config",
         "sia_slurm.job_settings",

@@ -53,6 +53,7 @@ def assert_clean(text: str) -> None:
 # printable
 
 
+@pytest.mark.heavy
 def test_printable_escapes_every_control_character_and_bidi_override() -> None:
     for code in range(0x110000):
         char = chr(code)

@@ -188,6 +188,7 @@ def test_the_readme_test_command_is_the_one_ci_runs() -> None:
     assert release.readme_test_command(ROOT) == "bash scripts/test.sh"
 
 
+@pytest.mark.heavy
 def test_a_real_run_builds_the_wheel_commits_and_tags(released: Path) -> None:
     wheel = released / "dist" / f"sia_slurm-{NEXT}-py3-none-any.whl"
     assert (released / "dist" / f"sia_slurm-{NEXT}.tar.gz").is_file()
@@ -209,6 +210,7 @@ def test_a_real_run_builds_the_wheel_commits_and_tags(released: Path) -> None:
     assert again.returncode == 1 and "is not above the current version" in again.stderr
 
 
+@pytest.mark.heavy
 def test_the_wheel_check_names_what_is_missing(released: Path, tmp_path: Path) -> None:
     wheel = released / "dist" / f"sia_slurm-{NEXT}-py3-none-any.whl"
     gutted = tmp_path / wheel.name
@@ -229,6 +231,7 @@ def test_the_wheel_check_names_what_is_missing(released: Path, tmp_path: Path) -
     )
 
 
+@pytest.mark.heavy
 def test_a_dry_run_builds_in_a_clone_and_tags_nothing(repo: Path) -> None:
     head = git(repo, "rev-parse", "HEAD")
     done = run_release(repo, NEXT, "--skip-tests", "--dry-run")
@@ -240,6 +243,7 @@ def test_a_dry_run_builds_in_a_clone_and_tags_nothing(repo: Path) -> None:
     assert not (repo / "dist").exists()
 
 
+@pytest.mark.heavy
 def test_the_wheel_installs_offline_and_its_programs_print_its_version(
     released: Path, tmp_path: Path
 ) -> None:

@@ -104,6 +104,7 @@ def test_gradient_statistics_are_clamped_to_a_finite_noise_scale() -> None:
     assert (honest.grad_sqr, honest.grad_var) == (1.0, 50.0)
 
 
+@pytest.mark.heavy
 def test_lying_about_the_configuration_or_the_pace_earns_no_gpus() -> None:
     from benchmarks.bench_lying_job import run
 

@@ -9,6 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = """\
 import pathlib, sys, time

@@ -107,6 +107,7 @@ HalfThenHang({directory!r}).save(2, big)
 """
 
 
+@pytest.mark.heavy
 def test_sigkill_while_writing_restores_the_previous_complete_checkpoint(tmp_path: Path) -> None:
     directory = tmp_path / "ckpt"
     script = CRASH_WRITER.format(repo=str(REPO), directory=str(directory))

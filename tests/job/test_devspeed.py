@@ -142,6 +142,7 @@ def test_time_waiting_on_peers_is_not_stretched(monkeypatch: pytest.MonkeyPatch)
     assert _pace(_Job("t4"), stats, 0.0, _Clock(1.2), cpu=0.1) == pytest.approx(0.3)
 
 
+@pytest.mark.heavy
 def test_two_replicas_on_a_slow_type_keep_training() -> None:
     """Each replica sleeping its factor times the time it waited for the other made the sleeps
     grow 1/f - 1 times every step: 2 replicas at factor 0.35 stopped dead after ~17 steps."""

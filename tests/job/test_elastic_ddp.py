@@ -49,6 +49,7 @@ def direct(records: list[dict], amp: bool) -> tuple[list[torch.Tensor], torch.nn
     return grads, model
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode", ["fp32", "amp"])
 def test_two_replicas_with_accumulation_match_the_direct_estimate(
     tmp_path: Path,
@@ -83,6 +84,7 @@ def test_two_replicas_with_accumulation_match_the_direct_estimate(
     assert records[1]["weight_after"] == records[0]["weight_after"]
 
 
+@pytest.mark.heavy
 def test_a_rank_with_no_sample_left_pads_with_a_sample_of_weight_zero(
     tmp_path: Path,
     make_env,  # type: ignore[no-untyped-def]

@@ -119,6 +119,9 @@ def test_stop_mid_epoch_resumes_on_another_batch_with_state_and_rng(make_env) ->
     assert second.scheduler.last_epoch == 3
 
 
+# Heavy: its two persistent workers, collected with the loader some tests later, take 10 s
+# (5 s each) to stop.
+@pytest.mark.heavy
 def test_rebatch_with_prefetching_workers_keeps_every_sample_once(make_env) -> None:  # type: ignore[no-untyped-def]
     env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
     paths = StatePaths(env.state_dir)

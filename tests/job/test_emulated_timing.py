@@ -129,6 +129,7 @@ def test_pacer_pauses_between_steps_without_moving_a_deadline():
     assert clock.now - started == pytest.approx(0.020)  # the pause carried nothing
 
 
+@pytest.mark.heavy
 def test_untimed_scale_slows_the_steps_but_not_the_step_times_they_report(tmp_path: Path):
     """``--untimed-scale c`` (the fidelity benchmark's calibration factor): each step lasts c
     times its emulated time, and the report still says the profile's step time, as the
@@ -178,6 +179,7 @@ def _run(directory: Path, steps: int, batch: int, *extra: str) -> dict:
     return json.loads((directory / "state" / "jobs" / "local" / "metrics.json").read_text())
 
 
+@pytest.mark.heavy
 def test_emulated_step_costs_little_cpu_at_a_large_batch(tmp_path: Path):
     """ncf on rtx at a local batch of 32,768: the profile (profiles/ncf/seed.csv) measured a
     20 ms step; the demo's emulated trainer reported 0.49 s there (it collated 32,768 samples

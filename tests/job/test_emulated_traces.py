@@ -83,6 +83,7 @@ def _run_ranks(command: list[str], env: JobEnvironment, count: int, timeout_s: f
     return [p.wait(timeout=timeout_s) for p in procs]
 
 
+@pytest.mark.heavy
 def test_a_4_gpu_run_reports_the_traces_4_gpu_step_and_sync_time(make_env: MakeEnv) -> None:
     """bert on rtx, 4 replicas of 8: the traces' 4-GPU step is 0.58 s, 0.24 s of it the
     all-reduce (the 1-GPU profile: 0.37 s, nearly no all-reduce). Four real gloo processes

@@ -162,6 +162,7 @@ def test_sigterm_under_lightning_checkpoints_after_the_step(make_env) -> None:  
     assert read_json(paths.job_dir(env.sia_id) / training_name("7", 0))["end"] == "terminated"
 
 
+@pytest.mark.heavy
 def test_the_lightning_example_trains_two_gloo_replicas(tmp_path: Path, make_env) -> None:  # type: ignore[no-untyped-def]
     """sia_slurm/job/examples/lightning_elastic.py as torchrun would start it for 2 GPUs: the two
     ranks train disjoint halves of every epoch with accumulation, DDP's communication hook

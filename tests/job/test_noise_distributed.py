@@ -14,6 +14,8 @@ from torch.utils.data import TensorDataset
 
 from tests.job.gloo import run_two_ranks
 
+pytestmark = pytest.mark.heavy
+
 WORKER = Path(__file__).with_name("noise_worker.py")
 
 

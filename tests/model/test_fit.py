@@ -137,6 +137,7 @@ def trace_files() -> list[Path]:
     return sorted(f for app in TRACE_APPS for f in (TRACES_DIR / app).glob("placements-*.csv"))
 
 
+@pytest.mark.heavy
 def test_real_traces_fit_within_a_sane_error() -> None:
     files = trace_files()
     assert len(files) == 36

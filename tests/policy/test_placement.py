@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,6 +80,7 @@ def scenarios(draw):
     return cluster, Allocation(allocation), views
 
 
+@pytest.mark.heavy
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_every_placement_is_valid(scenario):
@@ -105,6 +107,7 @@ def sia_shaped_allocations(draw):
     return cluster, Allocation(jobs)
 
 
+@pytest.mark.heavy
 @settings(max_examples=300, deadline=None)
 @given(sia_shaped_allocations())
 def test_sia_configuration_sets_always_place(scenario):

@@ -191,6 +191,7 @@ def test_offline_report_does_not_ask_sacct(accounting_config: Path) -> None:
     assert stray.exit_code == 2 and "--offline: only with --config" in stray.output
 
 
+@pytest.mark.heavy
 def test_rendered_database_report_loads_in_chromium(
     finished_run: SiaConfig, accounting_config: Path, tmp_path: Path
 ) -> None:

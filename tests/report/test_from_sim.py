@@ -76,6 +76,7 @@ def test_jobs_and_rounds_follow_the_simulation(sim_out: Path) -> None:
     assert dict(data.summary)["jobs"] == "3/3 done"
 
 
+@pytest.mark.heavy
 def test_rendered_simulation_report_loads_in_chromium(sim_out: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli, ["report", "--sim", str(sim_out), "--out", str(tmp_path / "s"), "--table"]

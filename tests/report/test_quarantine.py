@@ -156,6 +156,7 @@ def test_reason_reaches_data_js_escaped(db: Path, tmp_path: Path) -> None:
     assert notes["steady"] == "" and notes["earlier"] == ""
 
 
+@pytest.mark.heavy
 def test_reason_is_visible_on_the_page(db: Path, tmp_path: Path) -> None:
     data = report_from_db(db)
     index = render_site(data, tmp_path / "site")

@@ -73,6 +73,7 @@ def sample(jobs: int = 5) -> ReportData:
     )
 
 
+@pytest.mark.heavy
 def test_site_loads_without_console_errors(tmp_path: Path) -> None:
     index = render_site(sample(5), tmp_path / "site")
     # A data file written before jobs had accounted GPU-hours (the field absent, not null)
@@ -103,6 +104,7 @@ def test_site_loads_without_console_errors(tmp_path: Path) -> None:
     assert screenshot.stat().st_size > 10_000
 
 
+@pytest.mark.heavy
 def test_broken_data_is_shown_not_hidden(tmp_path: Path) -> None:
     """A data file without the report makes the page say so (and log it), not render blank."""
     index = render_site(sample(1), tmp_path / "site")
@@ -147,6 +149,7 @@ def owned_sample() -> ReportData:
     return replace(base, jobs=jobs)
 
 
+@pytest.mark.heavy
 def test_jobs_filter_by_user_and_account_and_gpu_hours_sum_per_account(tmp_path: Path) -> None:
     """Issue 36: each job shows its user and account, the page filters by them (the query
     string, which the filter bar sets), GPU-hours are summed per account, and the time axes use

@@ -17,6 +17,8 @@ from sia_slurm.service import open_controller, run_round
 from sia_slurm.state import DONE, PENDING, Journal, Store
 from tests.service.fakes import CRASH_EXIT, Crash, FakeCluster, write_config
 
+pytestmark = pytest.mark.heavy
+
 DRIVER = Path(__file__).with_name("driver.py")
 APPS = ("cifar10", "ncf", "cifar10", "imagenet", "ncf", "cifar10")
 

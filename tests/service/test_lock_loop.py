@@ -64,6 +64,7 @@ def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
                 proc.stderr.close()
 
 
+@pytest.mark.heavy
 def test_once_exits_at_once_while_another_controller_holds_the_lock(tmp_path: Path) -> None:
     """It returns while the lock is still held: a run that waited for the lock would never
     return here (the driver's own timeout would fail the test)."""
@@ -77,6 +78,7 @@ def test_once_exits_at_once_while_another_controller_holds_the_lock(tmp_path: Pa
     assert not (tmp_path / "state" / "sia.db").exists(), "a locked-out run must touch nothing"
 
 
+@pytest.mark.heavy
 def test_two_parallel_once_runs_one_round(tmp_path: Path) -> None:
     """Whichever takes the lock holds it, inside its snapshot, until the other has exited."""
     config = write_config(tmp_path)
@@ -133,6 +135,7 @@ def test_loop_survives_a_failed_round_and_stops_on_request() -> None:
     assert len(calls) == 4 and [r.round_index for r in reports] == [1, 3, 4]
 
 
+@pytest.mark.heavy
 def test_sigterm_finishes_the_round_then_exits_zero(tmp_path: Path) -> None:
     """SIGTERM sent while the second round is inside its snapshot (held there until the
     signal has been received): that round finishes, and no further one starts."""

@@ -81,7 +81,7 @@ def test_the_controller_gets_the_configs_shares(tmp_path) -> None:  # type: igno
     assert controller.shares.account_share("bio") == 3
 
 
-@pytest.mark.parametrize("policy", ["sia", "gavel"])
+@pytest.mark.parametrize("policy", [pytest.param("sia", marks=pytest.mark.heavy), "gavel"])
 def test_rebuilt_controller_decides_like_the_live_one(tmp_path, policy: str) -> None:  # type: ignore[no-untyped-def]
     """Run rounds with one long-lived controller; after each, rebuild a second one from the
     database and let both decide on the same next snapshot. The comparison is shown to matter:

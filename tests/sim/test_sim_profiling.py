@@ -240,6 +240,7 @@ def sweeps(lines: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
+@pytest.mark.heavy
 def test_each_job_is_profiled_once_on_every_type_and_completes(
     inputs: SimulationInputs, four_jobs: Workload
 ) -> None:
@@ -257,6 +258,7 @@ def test_each_job_is_profiled_once_on_every_type_and_completes(
     assert again.jobs == result.jobs
 
 
+@pytest.mark.heavy
 def test_shared_profiles_each_app_once_per_account(
     inputs: SimulationInputs, four_jobs: Workload, tmp_path: Path
 ) -> None:
@@ -277,6 +279,7 @@ def test_shared_profiles_each_app_once_per_account(
     assert Counter(accounts[job] for job, _ in sweeps(lines)) == {"a": 3, "b": 3}
 
 
+@pytest.mark.heavy
 def test_a_lone_job_pays_for_its_profiling(inputs: SimulationInputs, tmp_path: Path) -> None:
     """Sia, one cifar10 job alone: profiled, it finishes later than when its model starts from
     the shipped profile, and it is charged exactly its three profiling restarts (50 s each)

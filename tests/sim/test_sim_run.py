@@ -39,7 +39,15 @@ def six_jobs(inputs: SimulationInputs) -> Workload:
     return workload
 
 
-@pytest.mark.parametrize("policy", ["sia", "pollux", "gavel", "fifo"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param("sia", marks=pytest.mark.heavy),
+        pytest.param("pollux", marks=pytest.mark.heavy),
+        pytest.param("gavel", marks=pytest.mark.heavy),
+        "fifo",
+    ],
+)
 def test_every_policy_finishes_six_jobs_without_oversubscribing(
     inputs: SimulationInputs, six_jobs: Workload, policy: str
 ) -> None:

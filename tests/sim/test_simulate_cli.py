@@ -21,6 +21,7 @@ def invoke(*args: str | Path) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.heavy
 def test_simulate_writes_summary_round_logs_and_plots(tmp_path: Path) -> None:
     folder = tmp_path / "workloads"
     folder.mkdir()
