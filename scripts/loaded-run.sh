@@ -4,8 +4,8 @@
 #   usage: bash scripts/loaded-run.sh CLONE_DIR LOG
 # CLONE_DIR: a fresh `git clone` of the commit to test; LOG gets the suite's output and a last
 # line `rc=N after S s`; LOG.load the samples. The clone's install (scripts/install.sh) points
-# the editable install of sia-slurm at the clone; this script points it back at the checkout
-# it came from when done.
+# the editable installs of sia-slurm and sia-slurm-dev at the clone; this script points them
+# back at the checkout it came from when done.
 set -u
 dir=$1
 log=$2
@@ -22,4 +22,5 @@ rc=$?
 echo "rc=$rc after $(($(date +%s) - started)) s" >>"$log"
 kill "$busy1" "$busy2" "$sampler"
 pip install -q -e "$home" --no-deps >/dev/null 2>&1
+pip install -q -e "$home/dev" --no-deps >/dev/null 2>&1  # the dev cluster's distribution too
 exit "$rc"
