@@ -207,6 +207,7 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
         decision = played.decisions.get(sia_id, {})
         if not decision.get("note", "").startswith("profiling:"):
             break
+        assert "held:" not in decision["note"], decision["note"]  # no round will change it
         if played.actions.get(sia_id, {}).get("kind") in ("start", "move"):
             gpu_type = played.actions[sia_id]["config"].split(":")[0]
             types.append(gpu_type)
