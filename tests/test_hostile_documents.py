@@ -524,8 +524,11 @@ def _replace_at(document: Any, path: tuple[str | int, ...], literal: str | None)
     parent = copy
     for step in path[:-1]:
         parent = parent[step]
-    if literal is None:
-        del parent[path[-1]]
+    if literal is None:  # removed; the key a path adds (``unknown``) is not there to remove
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        else:
+            del parent[path[-1]]
         return json.dumps(copy)
     parent[path[-1]] = _SENTINEL
     return json.dumps(copy).replace(json.dumps(_SENTINEL), literal)
