@@ -11,27 +11,30 @@ piece of it) as an argument.
 
 from __future__ import annotations
 
-import difflib
-import math
 import os
-import re
-import types
-from collections.abc import Collection
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any
 
+from sia_slurm.config_checks import (
+    SLURM_NAME,
+    build_dataclass,
+    check_keys,
+    check_name,
+    check_number,
+    check_positive,
+    kind_of,
+)
 from sia_slurm.config_evolution import check_config_version, retire_keys
 from sia_slurm.config_keys import default as key_default
 from sia_slurm.config_keys import keys_under
 from sia_slurm.policy.parameters import POLICY_PARAMS
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig, UserShareConfig
-from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
+from sia_slurm.yamlsource import SourceIssue, YamlSource, parse_yaml
 
 DEFAULT_CONFIG_PATH = Path("/etc/sia-slurm/sia.yaml")
 CONFIG_ENV_VAR = "SIA_SLURM_CONFIG"
 BACKEND_NAMES = ("cli", "pyslurm")
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 class ConfigError(ValueError):
@@ -160,7 +163,7 @@ def parse_config(text: str, path: Path | None = None) -> SiaConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        source.issue((), f"expected a mapping of settings, got {_kind(data)}")
+        source.issue((), f"expected a mapping of settings, got {kind_of(data)}")
         raise ConfigError(source.issues)
     if not check_config_version(data, source):  # a newer file: its other keys are not ours
         raise ConfigError(source.issues)
@@ -172,8 +175,8 @@ def parse_config(text: str, path: Path | None = None) -> SiaConfig:
 
 
 def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
-    _check_keys(data, (), _TOP_LEVEL_KEYS, _REQUIRED_TOP_LEVEL, source)
-    round_seconds = _number(
+    check_keys(data, (), _TOP_LEVEL_KEYS, _REQUIRED_TOP_LEVEL, source)
+    round_seconds = check_number(
         data.get("round_seconds", key_default("round_seconds")), ("round_seconds",), source
     )
     if round_seconds is not None and round_seconds <= 0:
@@ -182,7 +185,7 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
         )
     state_dir = _state_dir(data.get("state_dir"), source)
     marker = data.get("managed_marker", key_default("managed_marker"))
-    if not isinstance(marker, str) or not _SLURM_NAME.match(marker):
+    if not isinstance(marker, str) or not SLURM_NAME.match(marker):
         source.issue(
             ("managed_marker",),
             f"expected a word of letters, digits, '_', '.' or '-' (it goes into the job "
@@ -195,7 +198,7 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
     partitions = _partitions(data.get("partitions"), source)
     _cross_check(gpu_types, partitions, data, source)
     policy = _policy(data.get("policy"), source)
-    restart = _dataclass(RestartConfig, data.get("restart"), ("restart",), source)
+    restart = build_dataclass(RestartConfig, data.get("restart"), ("restart",), source)
     if restart is not None and restart.checkpoint_timeout_s < 0:
         source.issue(
             ("restart", "checkpoint_timeout_s"),
@@ -206,7 +209,7 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
             ("restart", "max_slurm_failures"),
             f"expected an integer >= 0, got {restart.max_slurm_failures}",
         )
-    slurm = _dataclass(SlurmConfig, data.get("slurm"), ("slurm",), source)
+    slurm = build_dataclass(SlurmConfig, data.get("slurm"), ("slurm",), source)
     if slurm is not None and slurm.backend not in BACKEND_NAMES:
         source.issue(
             ("slurm", "backend"),
@@ -235,7 +238,7 @@ def _build(data: dict[str, Any], source: YamlSource) -> SiaConfig | None:
 
 def _state_dir(value: Any, source: YamlSource) -> Path | None:
     if value is None:
-        return None  # reported as missing by _check_keys
+        return None  # reported as missing by check_keys
     if not isinstance(value, str) or not value.strip():
         source.issue(("state_dir",), f"expected a directory path, got {value!r}")
         return None
@@ -251,21 +254,21 @@ def _gpu_types(value: Any, source: YamlSource) -> tuple[GpuTypeConfig, ...]:
         return ()
     if not isinstance(value, dict):
         source.issue(
-            ("gpu_types",), f"expected a mapping of GPU type name to settings, got {_kind(value)}"
+            ("gpu_types",), f"expected a mapping of GPU type name to settings, got {kind_of(value)}"
         )
         return ()
     result = []
     for name, settings in value.items():
         keypath = ("gpu_types", name)
-        _check_name(name, keypath, "GPU type", source)
+        check_name(name, keypath, "GPU type", source)
         if settings is None:
             settings = {}
         if not isinstance(settings, dict):
             source.issue(
-                keypath, f"expected a mapping like {{profile: {name}}}, got {_kind(settings)}"
+                keypath, f"expected a mapping like {{profile: {name}}}, got {kind_of(settings)}"
             )
             continue
-        _check_keys(settings, keypath, keys_under("gpu_types.<type>"), (), source)
+        check_keys(settings, keypath, keys_under("gpu_types.<type>"), (), source)
         profile = settings.get("profile", name)
         if not isinstance(profile, str) or not profile:
             source.issue((*keypath, "profile"), f"expected a profile GPU-type key, got {profile!r}")
@@ -281,23 +284,23 @@ def _partitions(value: Any, source: YamlSource) -> tuple[PartitionConfig, ...]:
         source.issue(
             ("partitions",),
             "expected a non-empty mapping of Slurm partition name to "
-            f"{{gpu_type, gpus_per_node}}, got {_kind(value)}",
+            f"{{gpu_type, gpus_per_node}}, got {kind_of(value)}",
         )
         return ()
     result = []
     for name, settings in value.items():
         keypath = ("partitions", name)
-        _check_name(name, keypath, "partition", source)
+        check_name(name, keypath, "partition", source)
         if not isinstance(settings, dict):
             source.issue(
                 keypath,
                 "expected a mapping like {gpu_type: a100, gpus_per_node: 4}, "
-                f"got {_kind(settings)}",
+                f"got {kind_of(settings)}",
             )
             continue
         allowed = keys_under("partitions.<partition>")
         required = tuple(name for name, key in allowed.items() if key.required)
-        _check_keys(settings, keypath, allowed, required, source)
+        check_keys(settings, keypath, allowed, required, source)
         gpu_type = settings.get("gpu_type")
         gpus = settings.get("gpus_per_node")
         ok = True
@@ -357,7 +360,7 @@ def _policy(value: Any, source: YamlSource) -> PolicySettings | None:
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        source.issue(("policy",), f"expected a mapping of settings, got {_kind(value)}")
+        source.issue(("policy",), f"expected a mapping of settings, got {kind_of(value)}")
         return None
     name = value.get("name", "sia")
     if name not in POLICY_PARAMS:
@@ -365,7 +368,7 @@ def _policy(value: Any, source: YamlSource) -> PolicySettings | None:
             ("policy", "name"), f"expected one of {', '.join(POLICY_PARAMS)}, got {name!r}"
         )
         return None
-    params = _dataclass(
+    params = build_dataclass(
         POLICY_PARAMS[name],
         {k: v for k, v in value.items() if k != "name"},
         ("policy",),
@@ -381,58 +384,61 @@ def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
     if value is None:
         return EQUAL_USERS
     if not isinstance(value, dict):
-        source.issue(("shares",), f"expected a mapping of settings, got {_kind(value)}")
+        source.issue(("shares",), f"expected a mapping of settings, got {kind_of(value)}")
         return None
-    _check_keys(value, ("shares",), keys_under("shares"), (), source)
+    check_keys(value, ("shares",), keys_under("shares"), (), source)
     accounts: dict[str, float] = {}
     raw_accounts = value.get("accounts") or {}
     if not isinstance(raw_accounts, dict):
-        source.issue(("shares", "accounts"), f"expected account: share, got {_kind(raw_accounts)}")
+        source.issue(
+            ("shares", "accounts"), f"expected account: share, got {kind_of(raw_accounts)}"
+        )
         raw_accounts = {}
     for name, share in raw_accounts.items():
         keypath = ("shares", "accounts", name)
-        _check_name(str(name), keypath, "Slurm account", source)
-        number = _positive(share, keypath, source)
+        check_name(str(name), keypath, "Slurm account", source)
+        number = check_positive(share, keypath, source)
         if number is not None:
             accounts[str(name)] = number
     users: dict[str, UserShareConfig] = {}
     raw_users = value.get("users") or {}
     if not isinstance(raw_users, dict):
         source.issue(
-            ("shares", "users"), f"expected user: {{account, share}}, got {_kind(raw_users)}"
+            ("shares", "users"), f"expected user: {{account, share}}, got {kind_of(raw_users)}"
         )
         raw_users = {}
     for name, settings in raw_users.items():
         keypath = ("shares", "users", name)
-        _check_name(str(name), keypath, "user", source)
+        check_name(str(name), keypath, "user", source)
         if not isinstance(settings, dict):
             source.issue(
-                keypath, f"expected a mapping like {{account: a, share: 1}}, got {_kind(settings)}"
+                keypath,
+                f"expected a mapping like {{account: a, share: 1}}, got {kind_of(settings)}",
             )
             continue
-        _check_keys(settings, keypath, keys_under("shares.users.<user>"), (), source)
+        check_keys(settings, keypath, keys_under("shares.users.<user>"), (), source)
         account = settings.get("account")
-        if account is not None and (not isinstance(account, str) or not _SLURM_NAME.match(account)):
+        if account is not None and (not isinstance(account, str) or not SLURM_NAME.match(account)):
             source.issue((*keypath, "account"), f"expected a Slurm account name, got {account!r}")
             continue
-        share = _positive(
+        share = check_positive(
             settings.get("share", key_default("shares.users.<user>.share")),
             (*keypath, "share"),
             source,
         )
         if share is not None:
             users[str(name)] = UserShareConfig(account=account, share=share)
-    default_share = _positive(
+    default_share = check_positive(
         value.get("default_share", key_default("shares.default_share")),
         ("shares", "default_share"),
         source,
     )
-    half_life = _positive(
+    half_life = check_positive(
         value.get("usage_half_life_s", key_default("shares.usage_half_life_s")),
         ("shares", "usage_half_life_s"),
         source,
     )
-    limit = _number(
+    limit = check_number(
         value.get("usage_factor_limit", key_default("shares.usage_factor_limit")),
         ("shares", "usage_factor_limit"),
         source,
@@ -449,121 +455,3 @@ def _shares(value: Any, source: YamlSource) -> SharesConfig | None:
         usage_half_life_s=half_life,
         usage_factor_limit=limit,
     )
-
-
-def _positive(value: Any, keypath: KeyPath, source: YamlSource) -> float | None:
-    number = _number(value, keypath, source)
-    if number is not None and number <= 0:
-        source.issue(keypath, f"expected a number > 0, got {number:g}")
-        return None
-    return number
-
-
-def _dataclass(
-    cls: type, value: Any, keypath: KeyPath, source: YamlSource, extra_keys: tuple[str, ...] = ()
-) -> Any:
-    """Build a flat dataclass of scalars from ``value``, reporting unknown keys and bad types.
-
-    A ``ValueError`` from the dataclass's own validation is reported at the first of its
-    fields that the message names (so the line points at the offending key).
-    """
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        source.issue(keypath, f"expected a mapping of settings, got {_kind(value)}")
-        return None
-    hints = get_type_hints(cls)
-    defaults = {f.name: (None if f.default is MISSING else f.default) for f in fields(cls)}
-    _check_keys(value, keypath, {k: None for k in extra_keys} | defaults, (), source)
-    kwargs = {}
-    ok = True
-    for name, default in defaults.items():
-        raw = value.get(name, default)
-        converted, good = _convert(raw, hints[name], (*keypath, name), source)
-        ok = ok and good
-        kwargs[name] = converted
-    if not ok:
-        return None
-    try:
-        return cls(**kwargs)
-    except ValueError as exc:
-        prefix = re.match(rf"^{cls.__name__}(?:\.(\w+))?: ", str(exc))
-        message = str(exc)[prefix.end() :] if prefix else str(exc)
-        places = {n: m.start() for n in defaults if (m := re.search(rf"\b{n}\b", message))}
-        first = [prefix[1]] if prefix and prefix[1] else sorted(places, key=places.__getitem__)[:1]
-        source.issue((*keypath, *first), message)
-        return None
-
-
-def _convert(value: Any, hint: Any, keypath: KeyPath, source: YamlSource) -> tuple[Any, bool]:
-    """``(converted, ok)`` for a scalar field typed float, int, bool, str or ``X | None``."""
-    options = get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if value is None and type(None) in options:
-        return None, True
-    expected = next(t for t in options if t is not type(None))
-    if expected is float:
-        number = _number(value, keypath, source)
-        return number, number is not None
-    if expected is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, True
-        source.issue(keypath, f"expected an integer, got {_kind(value)} {value!r}")
-        return None, False
-    if expected is bool:
-        if isinstance(value, bool):
-            return value, True
-        source.issue(keypath, f"expected true or false, got {value!r}")
-        return None, False
-    if expected is str:
-        if isinstance(value, str):
-            return value, True
-        source.issue(keypath, f"expected a string, got {_kind(value)} {value!r}")
-        return None, False
-    raise TypeError(f"unsupported config field type {hint!r}")
-
-
-def _number(value: Any, keypath: KeyPath, source: YamlSource) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        source.issue(keypath, f"expected a number, got {_kind(value)} {value!r}")
-        return None
-    return float(value)
-
-
-def _check_keys(
-    mapping: dict[str, Any],
-    keypath: KeyPath,
-    allowed: Collection[str],
-    required: tuple[str, ...],
-    source: YamlSource,
-) -> None:
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            source.issue(
-                (*keypath, key), f"unknown key; {hint}valid keys here: {', '.join(allowed)}"
-            )
-    for key in required:
-        if key not in mapping:
-            where = ".".join(keypath) or "the top level"
-            source.issue((*keypath, key), f"missing: this key is required in {where}")
-
-
-def _check_name(name: str, keypath: KeyPath, what: str, source: YamlSource) -> None:
-    if not _SLURM_NAME.match(name):
-        source.issue(
-            keypath, f"expected a {what} name of letters, digits, '_', '.' or '-', got {name!r}"
-        )
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return {
-        dict: "a mapping",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-    }.get(type(value), type(value).__name__)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sia_slurm.config_checks import check_keys
 from sia_slurm.sim.groundtruth import has_ground_truth, placements_file
 from sia_slurm.yamlsource import KeyPath, SourceIssue, YamlSource, parse_yaml
 
@@ -141,7 +142,7 @@ def parse_cluster(
     if not isinstance(data, dict):
         source.issue((), f"expected a mapping with keys {', '.join(_TOP_KEYS)}, got {data!r}")
         raise ClusterError(source.issues)
-    _check_keys(data, (), _TOP_KEYS, source)
+    check_keys(data, (), _TOP_KEYS, (), source)
     default_name = path.stem if path is not None else "cluster"
     name = _name(data.get("name", default_name), ("name",), source)
     description = data.get("description", "")
@@ -186,7 +187,7 @@ def _gpu_types(
                 here, f"expected a mapping with keys {', '.join(_TYPE_KEYS)}, got {settings!r}"
             )
             continue
-        _check_keys(settings, here, _TYPE_KEYS, source)
+        check_keys(settings, here, _TYPE_KEYS, (), source)
         profile = _name(settings.get("profile", type_name), (*here, "profile"), source)
         if profile_types is not None and profile not in profile_types:
             source.issue(
@@ -225,7 +226,7 @@ def _restart(value: Any, source: YamlSource) -> ClusterRestart | None:
     if not isinstance(value, dict):
         source.issue(keypath, f"expected a mapping with keys start_s, move_s, got {value!r}")
         return None
-    _check_keys(value, keypath, _RESTART_KEYS, source)
+    check_keys(value, keypath, _RESTART_KEYS, (), source)
     seconds = {}
     for key in _RESTART_KEYS:
         number = value.get(key)
@@ -236,14 +237,6 @@ def _restart(value: Any, source: YamlSource) -> ClusterRestart | None:
     if len(seconds) != len(_RESTART_KEYS):
         return None
     return ClusterRestart(**seconds)
-
-
-def _check_keys(
-    data: dict[str, Any], keypath: KeyPath, allowed: tuple[str, ...], source: YamlSource
-) -> None:
-    for key in data:
-        if key not in allowed:
-            source.issue((*keypath, key), f"unknown key; expected one of {', '.join(allowed)}")
 
 
 def _name(value: Any, keypath: KeyPath, source: YamlSource) -> str:

@@ -92,7 +92,7 @@ gpu_types:
             "(e.g. aws), got nothing (missing)",
             "c.yaml:9: gpu_types.a100.profile: expected one of dgx, quad, rtx, t4, v100 "
             "(profiles/gpu_types.csv), got 'a100'",
-            "c.yaml:12: gpu_types.a100.colour: unknown key; expected one of profile, trace_key, "
+            "c.yaml:12: gpu_types.a100.colour: unknown key; valid keys here: profile, trace_key, "
             "gpus_per_node, nodes",
         ]
     )
@@ -102,7 +102,7 @@ def test_unknown_top_level_key_and_missing_gpu_types() -> None:
     assert _errors("name: c\nnodes: 3\n") == "\n".join(
         [
             "c.yaml: gpu_types: expected a mapping of GPU type name to its settings, got nothing",
-            "c.yaml:2: nodes: unknown key; expected one of name, description, gpu_types, restart",
+            "c.yaml:2: nodes: unknown key; valid keys here: name, description, gpu_types, restart",
         ]
     )
 
@@ -137,7 +137,7 @@ def test_restart_section_is_read_and_checked() -> None:
     assert (cluster.restart.start_s, cluster.restart.move_s) == (9.0, 15.5)
     assert _errors(tiny + "restart: {start_s: -1, move_s: yes, after_s: 2}\n") == "\n".join(
         [
-            "c.yaml:3: restart.after_s: unknown key; expected one of start_s, move_s",
+            "c.yaml:3: restart.after_s: unknown key; valid keys here: start_s, move_s",
             "c.yaml:3: restart.start_s: expected a number of seconds >= 0, got -1",
             "c.yaml:3: restart.move_s: expected a number of seconds >= 0, got True",
         ]
