@@ -161,6 +161,8 @@ class Controller:
             raise exc.cause from None
         live = decided.live
         actions, decisions = self._diff(live, decided.allocation, decided.placement)
+        if self.profiler is not None:
+            self.profiler.assigned(actions, self.jobs)
         decisions = [self._with_profiling(d) for d in decisions]
         decisions += [_decision(job, "wait", "-", None, note) for job, note in waiting]
         decisions += [

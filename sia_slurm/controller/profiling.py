@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sia_slurm.cluster import JobSnapshot
+from sia_slurm.cluster import Action, JobSnapshot, Move, Start
 from sia_slurm.controller.jobs import EstimatorFactory, JobRecord
 from sia_slurm.model import JobGoodputEstimator, Observation
 from sia_slurm.model.batch import BatchLimits
@@ -419,6 +419,21 @@ class Profiler:
                     continue
                 self._offer(profiling, job, records[job.sia_id], site_types, missing)
         return waiting
+
+    def assigned(self, actions: Iterable[Action], records: Mapping[str, JobRecord]) -> None:
+        """Record the type of each profiling run this round starts or moves a job onto as
+        given to it, when the action is decided: seen only in a later snapshot, a run whose node
+        died before that snapshot was never seen there, and its honest measurement of the type
+        was refused as a type it was never given (then measured again: a live test at load)."""
+        for action in actions:
+            if not isinstance(action, Start | Move) or not action.profile_sweep:
+                continue
+            record = records.get(action.sia_id)
+            if record is None or record.profiling not in self.profilings:
+                continue
+            profiling = self.profilings[record.profiling]  # type: ignore[index]
+            gpu_type = self.profile_type(action.config.gpu_type)
+            profiling.given.setdefault(action.sia_id, set()).add(gpu_type)
 
     def _offer(
         self,

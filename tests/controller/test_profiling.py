@@ -137,6 +137,32 @@ def test_a_new_model_is_profiled_type_by_type_then_scheduled(factory: EstimatorF
         assert got == pytest.approx(32 / (0.01 + 32 * SPEED[gpu_type]), rel=0.05)
 
 
+def test_a_run_whose_node_died_before_any_snapshot_saw_it_keeps_its_measurement(
+    factory: EstimatorFactory,
+) -> None:
+    """Moved to its second type, the job measured it, then its node died before the next
+    round: Slurm requeued it, so no snapshot ever saw it running there. Its measurement is of a
+    type the controller gave it (the move's), not a lie: taken, and that type is not measured
+    again (a live test at load: refused as "given only t4", then measured twice)."""
+    ctl = controller(factory)
+    job = spec()
+    (start,) = ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),))).actions
+    first = start.config.gpu_type
+    other = "t4" if first == "a100" else "a100"
+    document = measured([ALIASES.get(first, first)])
+    (move,) = ctl.round(
+        ClusterSnapshot(60.0, NODES, (on(job, first, profiled_document=document),))
+    ).actions
+    assert isinstance(move, Move) and move.config.gpu_type == other
+    both = measured(["t4", "dgx"])
+    outcome = ctl.round(  # requeued by Slurm after its node's death: pending, no GPUs
+        ClusterSnapshot(120.0, NODES, (pending(job, restarts=2, profiled_document=both),))
+    )
+    record = ctl.jobs["new"]
+    assert record.profiling is None and record.profile_document is not None, outcome.decisions
+    assert all("refused" not in d.note for d in outcome.decisions), outcome.decisions
+
+
 def test_a_later_job_of_the_app_and_account_reuses_the_kept_profile(
     factory: EstimatorFactory,
 ) -> None:
@@ -238,7 +264,9 @@ def test_a_hostile_document_is_refused_and_the_job_measured_again_then_held(
 ) -> None:
     ctl = controller(factory)
     job = spec()
-    ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),)))
+    # First seen on t4 (so the controller gives it no other type: a start's type counts as
+    # given from the round that decides it)
+    ctl.round(ClusterSnapshot(0.0, NODES, (on(job, "t4"),)))
     profiling = ctl.profiler.profilings[("physics", "mynet")]  # type: ignore[union-attr]
     outcome = ctl.round(ClusterSnapshot(60.0, NODES, (on(job, "t4", profiled_document=document),)))
     assert said in profiling.said and profiling.measured == {}
@@ -251,6 +279,8 @@ def test_a_hostile_document_is_refused_and_the_job_measured_again_then_held(
     # The same document read again is not a new refusal.
     ctl.round(ClusterSnapshot(120.0, NODES, (on(job, "t4", profiled_document=document),)))
     assert profiling.refusals == {"t4": 1}
+    if "was given only" in said:
+        return  # the move gave it a100 (dgx): from now on dgx is a type it was given
     # Measured again on t4 in a later run, refused again: held, with the reason, no GPUs.
     again = copy.deepcopy({**document, "description": "try 2"})  # measured again
     for point in again["seed"][:1]:

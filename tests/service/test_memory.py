@@ -282,5 +282,6 @@ def test_a_profiling_under_way_survives_a_restart(factory: EstimatorFactory, sto
         controller = process(round_index, ClusterSnapshot(60.0 * round_index, NODES, (running,)))
     assert controller.jobs["p1"].profiling == ("", "mynet")
     (profiling,) = controller.profiler.profilings.values()  # type: ignore[union-attr]
-    assert profiling.given == {"p1": {"t4"}}
+    # t4, where it ran, and dgx, where the controller's own start or move sent it since
+    assert profiling.given == {"p1": {"t4", "dgx"}}
     assert profiling.refusals == {"t4": 1}
