@@ -101,6 +101,32 @@ def test_pacer_takes_a_stall_off_one_micro_batch_only():
     assert durations == pytest.approx([0.002, 0.018, 0.020, 0.020])
 
 
+def test_pacer_carries_what_the_trainer_measured_either_way():
+    """The report is the trainer's timing, not the pacer's window: a process descheduled 15 ms
+    after the pacer started but before the trainer did leaves a 5 ms measured step for a 20 ms
+    budget; the next micro-batch gets the missing 15 ms. One measured 6 ms over its budget plus
+    the planned all-reduce wait gives 6 ms back. Each carry is bounded by ``catch_up_s``."""
+    clock = FakeClock()
+    pacer = Pacer(clock, clock.sleep)
+    pacer.start(0.020, pacer.now())
+    pacer.wait()
+    pacer.measured(0.005)
+    started = pacer.now()
+    pacer.start(0.020, started)
+    pacer.wait()
+    assert clock.now - started == pytest.approx(0.035)
+    pacer.measured(0.035 + 0.003 + 0.006, sync_s=0.003)
+    started = pacer.now()
+    pacer.start(0.020, started)
+    pacer.wait()
+    assert clock.now - started == pytest.approx(0.014)
+    pacer.measured(0.014 - 5.0)  # a clock gone wrong: at most catch_up_s is added
+    started = pacer.now()
+    pacer.start(0.020, started)
+    pacer.wait()
+    assert clock.now - started == pytest.approx(0.020 + Pacer.catch_up_s)
+
+
 def test_bounded_fetch_gathers_at_most_the_computed_samples_in_order():
     dataset = make_dataset(5000, seed=1)
     fetch = bounded_fetch(dataset)

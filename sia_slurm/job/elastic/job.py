@@ -112,6 +112,9 @@ class ElasticJob:
         self.stats = StepStats()
         self.step_callbacks: list[Callable[[ElasticJob, StepPlan], None]] = []
         self.last_noise_sample: tuple[float, float, int, float] | None = None
+        # (step_time, sync_time) of the step that just ended, as rank 0 reports it (every rank
+        # measures its own); None after a step that is not uniform or was dropped
+        self.last_timing: tuple[float, float] | None = None
         self._previous: tuple[int, float, int] = (-2, 0.0, 0)  # step, |g|^2, M
         self._loss_scale: torch.Tensor | None = None
         self._in_flight: tuple[StepPlan, torch.Tensor, Any, StepStats] | None = None
@@ -287,6 +290,7 @@ class ElasticJob:
         after it was started, all at the same step. A profiling step that ran out of memory
         is dropped instead (:meth:`absorb_out_of_memory`)."""
         assert self.sampler is not None
+        self.last_timing = None
         if self.profiling.dropping:
             self._drop_step()
             return
@@ -301,11 +305,13 @@ class ElasticJob:
         self.step += 1
         self.progress += self.noise.gain(self.batch.batch_size)
         timing = None
-        if self.rank == 0 and plan.uniform and self._last_start is not None:
+        if plan.uniform and self._last_start is not None:
             done = stats.sync_done if stats.sync_done is not None else time.perf_counter()
             ready = stats.sync_ready if stats.sync_ready is not None else done
             timing = (done - self._last_start, done - ready)
-            self.reporter.record(*timing, self.batch.local_bsz, self.batch.accum_steps)
+            if self.rank == 0:
+                self.reporter.record(*timing, self.batch.local_bsz, self.batch.accum_steps)
+        self.last_timing = timing
         for callback in self.step_callbacks:
             callback(self, plan)
         if control is None:

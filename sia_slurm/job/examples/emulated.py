@@ -448,19 +448,28 @@ def leave_process_group() -> None:
 
 
 class Pacer:
-    """Emulated micro-batches whose mean duration is the target, on a crowded machine too.
+    """Emulated micro-batches whose mean *measured* duration is the target, on a crowded
+    machine too.
 
     Sleeping "for what is left" of each micro-batch makes every one at least as long as its
     target plus the process's wake-up latency, which on a crowded machine is several
-    milliseconds (a 20 ms ncf step on a 2-core machine at load 12 measured 36 ms). Here the time
-    a micro-batch overran its deadline is taken off the next one's, so the overruns cancel out
-    on average. Only the overrun of the micro-batch itself is carried, at most ``catch_up_s``,
-    not the time between micro-batches (a checkpoint, a rebatch, a pause), and it is taken off
-    the next micro-batch only, at most all of its target: a stall (a first step's allocations,
-    a process descheduled for a quarter second) is not made up over the steps after it. Made
-    up, a 250 ms stall in a step that was not reported (the first one, or the last of a
-    report's window) ran a dozen 20 ms ncf steps at their bare CPU cost, and the report said
-    14.6 ms for a 20.3 ms profile (a loaded run, 2026-11-28).
+    milliseconds (a 20 ms ncf step on a 2-core machine at load 12 measured 36 ms). So what a
+    micro-batch took beyond its budget is taken off the next one's, and what it took less is
+    added to it: the differences cancel out on average.
+
+    The difference that counts is the one the job reports. The step's last micro-batch is timed
+    by the trainer (from the handing out of its data to the end of its gradient sync,
+    :attr:`ElasticJob.last_timing`), not over the pacer's own window: a process descheduled
+    between the pacer's start and the trainer's (a few statements, but at load 16 a process
+    waits 10-30 ms for the CPU wherever it is) slept its whole budget after the trainer began
+    timing a shorter one, and the reports said 14-16 ms for a 20.3 ms profile (CI, and a
+    loaded run here, 2026-11-28). :meth:`measured` carries that difference, either way;
+    the other micro-batches (accumulation) carry how late their wake-up was.
+
+    At most ``catch_up_s`` is carried, and at most the next micro-batch's whole target is
+    taken off it: a stall (a first step's allocations, a quarter second descheduled) is not
+    made up over the steps after it. Nothing between micro-batches is carried (a checkpoint,
+    a rebatch, the untimed part of a step).
     """
 
     catch_up_s = 0.25
@@ -473,15 +482,17 @@ class Pacer:
         self._clock = clock
         self._sleep = sleep
         self._deadline: float | None = None
-        self._overrun = 0.0
+        self._budget = 0.0
+        self._carry = 0.0  # seconds the last micro-batch took beyond its budget (< 0: less)
 
     def now(self) -> float:
         return self._clock()
 
     def start(self, target_s: float, now: float) -> None:
         """A micro-batch of ``target_s`` started at ``now`` (a time from :meth:`now`)."""
-        self._deadline = now + target_s - min(self._overrun, target_s)
-        self._overrun = 0.0
+        self._budget = target_s - min(self._carry, target_s)
+        self._deadline = now + self._budget
+        self._carry = 0.0
 
     def pause(self, seconds: float) -> None:
         """Sleep ``seconds`` between steps, outside every micro-batch: no deadline is moved and
@@ -495,13 +506,23 @@ class Pacer:
         delay = self._deadline - self._clock()
         if delay > 0:
             self._sleep(delay)
-        self._overrun = min(max(self._clock() - self._deadline, 0.0), self.catch_up_s)
+        self._carry = self._bounded(max(self._clock() - self._deadline, 0.0))
+
+    def measured(self, seconds: float, sync_s: float = 0.0) -> None:
+        """The trainer timed the micro-batch that just ended at ``seconds``, where its budget
+        plus the emulated all-reduce wait ``sync_s`` was planned: carry the difference instead
+        of the wake-up's lateness."""
+        self._carry = self._bounded(seconds - (self._budget + sync_s))
+
+    def _bounded(self, seconds: float) -> float:
+        return min(max(seconds, -self.catch_up_s), self.catch_up_s)
 
 
-def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float, pacer: Pacer) -> float:
-    """Train one step's micro-batches, each ``target_s`` long from the start of its fetch (the
-    trainer's measured step starts there too); returns the mean loss. The pause comes before
-    the backward pass: the measured step ends when DDP's gradient sync does, inside it."""
+def emulated_step(trainer: ElasticTrainer, step: Step, times: EmulatedTimes, pacer: Pacer) -> float:
+    """Train one step's micro-batches, each ``times.compute_s`` long from the start of its
+    fetch (the trainer's measured step starts there too); returns the mean loss. The pause
+    comes before the backward pass: the measured step ends when DDP's gradient sync does,
+    inside it. The step the trainer timed tells the pacer how long it really was."""
     losses = []
     batches = iter(step.micro_batches())
     while True:
@@ -510,12 +531,15 @@ def emulated_step(trainer: ElasticTrainer, step: Step, target_s: float, pacer: P
             inputs, targets = next(batches)
         except StopIteration:
             break
-        pacer.start(target_s, started)
+        pacer.start(times.compute_s, started)
         loss = F.mse_loss(trainer.model(inputs).squeeze(1), targets)
         pacer.wait()
         step.backward(loss)
         losses.append(loss.item())
     step.finish()
+    timing = trainer.job.last_timing
+    if timing is not None:
+        pacer.measured(timing[0], times.sync_s)
     return sum(losses) / max(len(losses), 1)
 
 
@@ -544,7 +568,7 @@ def paced_step(
     ).scaled(args.time_scale)
     pacing.delay.seconds = times.sync_s
     micro_batches = trainer.batch.accum_steps + 1
-    loss = emulated_step(trainer, step, times.compute_s, pacing.pacer)
+    loss = emulated_step(trainer, step, times, pacing.pacer)
     pacing.pacer.pause((args.untimed_scale - 1.0) * times.step_s(micro_batches))
     return loss, times.compute_s
 
