@@ -8,7 +8,7 @@ release, while a query can change in any release. The version of a database is S
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The statements that take a database of version N to N + 1 (index N - 1), each in place.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -21,6 +21,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE jobs ADD COLUMN user TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE jobs ADD COLUMN account TEXT NOT NULL DEFAULT ''",
     ),
+    # 4: the policy's memory (controller.allocation) may be memory format 3, a JSON document
+    # (sia_slurm/state/memory.py), which the releases of schema 3 cannot read: 0.1.0 read it as
+    # a pickle it did not know and started its policy fresh on a database it kept writing. No
+    # table changes; the version is what makes such a release refuse the database (a
+    # downgrade, docs/operations.md "Upgrading").
+    (),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - 1
 

@@ -37,6 +37,8 @@ KEPT = {
     "schema3-memory2-pollux": (3, 2, "pollux"),
     "schema3-memory3-gavel": (3, 3, "gavel"),
     "schema3-memory3-pollux": (3, 3, "pollux"),
+    "schema4-memory3-gavel": (4, 3, "gavel"),
+    "schema4-memory3-pollux": (4, 3, "pollux"),
 }
 # make_fixture.py's jobs: the first finished within the rounds, the others run on.
 OWNERS = {"fx-short": ("alice", "bio"), "fx-ncf": ("bob", "phys"), "fx-cifar": ("alice", "bio")}

@@ -123,7 +123,7 @@ def test_an_older_schema_is_upgraded_in_place_to_a_new_ones_tables(
             "VALUES ('j1', '{}', 'running', '[]', '[]')"
         )
     with Store.open(old, create=False) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         decision = store.decisions(3)["j1"]
         assert (decision.after, decision.local_bsz, decision.goodput) == ("a100:1x2", 128, 1234.5)
         assert decision.throughput == (0.0 if version == 1 else 99.0)
