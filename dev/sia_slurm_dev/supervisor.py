@@ -90,13 +90,14 @@ class Supervisor:
                 self.failure = f"controller pid {process.pid} exited {process.returncode}"
             return
 
-    def stop(self, timeout_s: float = 60.0) -> Exit | None:
-        """SIGTERM the running controller (it finishes its round and exits 0); its exit."""
+    def stop(self, timeout_s: float = 60.0, signum: int = signal.SIGTERM) -> Exit | None:
+        """SIGTERM the running controller (it finishes its round and exits 0), or send it
+        ``signum`` (SIGKILL: systemd's stop timed out), and start no other; its exit."""
         with self._lock:
             self._stopping.set()
             process = self._process
             if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(signum)
         if self._thread.ident is None:  # never started
             return None
         self._thread.join(timeout_s)

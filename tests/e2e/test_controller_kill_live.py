@@ -120,6 +120,7 @@ class KillSite:
     supervisor: Supervisor
     evidence: Path
     timed_kills: list[dict[str, Any]] = field(default_factory=list)
+    jobs: tuple[str, ...] = JOBS  # the managed jobs whose histories are checked and kept
 
     @property
     def paths(self) -> StatePaths:
@@ -278,7 +279,7 @@ class KillSite:
             self.plan.directory / "state.json",
             self.site.cluster.layout.log_dir / "slurmctld.log",
         ]
-        sources += [self.paths.job_dir(sia_id) / "events.jsonl" for sia_id in JOBS]
+        sources += [self.paths.job_dir(sia_id) / "events.jsonl" for sia_id in self.jobs]
         for source in sources:
             if source.exists():
                 shutil.copyfile(source, target / f"{source.parent.name}-{source.name}")
@@ -443,7 +444,7 @@ def nodes_of(start: dict[str, Any]) -> list[str]:
 
 
 def all_reporting(ks: KillSite, since: float) -> dict[str, dict[str, Any]] | None:
-    starts = {sia_id: ks.reporting_since(sia_id, since) for sia_id in JOBS}
+    starts = {sia_id: ks.reporting_since(sia_id, since) for sia_id in ks.jobs}
     return starts if all(starts.values()) else None  # type: ignore[return-value]
 
 
@@ -522,7 +523,7 @@ def check_exactly_once(ks: KillSite) -> None:
                 "of it Slurm refusing updates)"
             )
     jobs = ks.squeue()
-    for sia_id in JOBS:
+    for sia_id in ks.jobs:
         events = site.events(sia_id)
         problems += [f"{sia_id}: {p}" for p in job_history_problems(events)]
         job = jobs[sia_id]
@@ -542,7 +543,7 @@ def check_exactly_once(ks: KillSite) -> None:
             problems.append(f"{sia_id}: launched for rounds {launched}, done decisions {decided}")
         if ks.paths.stop_request(sia_id).exists():
             problems.append(f"{sia_id}: stop.json left behind")
-    if len(jobs) != len(JOBS):
+    if len(jobs) != len(ks.jobs):
         problems.append(f"Slurm jobs of the managed jobs: {sorted(jobs)}")
     errors = [line for line in ks.log_lines() if line.get("level") == "error"]
     problems += [f"controller error: {line['message']}" for line in errors]

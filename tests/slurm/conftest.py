@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -401,6 +402,10 @@ class LiveSubmitter:
     cluster: DevCluster
     paths: StatePaths
     runner: SubprocessRunner
+    # Another release's jobs (tests/e2e/test_upgrade_live.py): its interpreter writes the spec
+    # with that release's JobSpec and runs that release's protocol_job.py.
+    python: str = sys.executable
+    protocol_job: Path = PROTOCOL_JOB
 
     def submit(
         self,
@@ -416,23 +421,21 @@ class LiveSubmitter:
         to the job's :class:`JobSpec` (kind, max_gpus, restart_cost...)."""
         prepare(self.paths.state_dir, os.geteuid())  # the state tree, as the controller makes it
         self.paths.job_dir(sia_id).mkdir(mode=0o755)
-        write_document(
-            self.paths.spec(sia_id),
-            JobSpec(
-                **{
-                    "sia_id": sia_id,
-                    "app": "cifar10",
-                    "checkpoint_dir": str(self.paths.job_dir(sia_id)),
-                    **spec_fields,
-                }
-            ),
+        self.write_spec(
+            sia_id,
+            {
+                "sia_id": sia_id,
+                "app": "cifar10",
+                "checkpoint_dir": str(self.paths.job_dir(sia_id)),
+                **spec_fields,
+            },
         )
         script = self.paths.job_dir(sia_id) / "job.sh"
         extra = f" --steps {steps}" if steps else ""
         extra += "".join(f" {shlex.quote(str(arg))}" for arg in job_args)
         script.write_text(
             "#!/bin/bash\n"
-            f"exec {sys.executable} {PROTOCOL_JOB} --state-dir {self.paths.state_dir} "
+            f"exec {self.python} {self.protocol_job} --state-dir {self.paths.state_dir} "
             f"--sia-id {sia_id}{extra}\n"
         )
         out = self.runner.run(
@@ -450,6 +453,22 @@ class LiveSubmitter:
             ]
         ).stdout
         return out.strip().split(";")[0]
+
+    def write_spec(self, sia_id: str, fields: dict[str, Any]) -> None:
+        """The job's spec.json, as :attr:`python`'s release writes it."""
+        path = self.paths.spec(sia_id)
+        if self.python == sys.executable:
+            write_document(path, JobSpec(**fields))
+            return
+        program = (
+            "import json, sys\n"
+            "from pathlib import Path\n"
+            "from sia_slurm.protocol import JobSpec, write_document\n"
+            "write_document(Path(sys.argv[1]), JobSpec(**json.loads(sys.argv[2])))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        argv = [self.python, "-c", program, str(path), json.dumps(fields)]
+        subprocess.run(argv, env=env, cwd="/", check=True, capture_output=True, timeout=60)
 
     def events(self, sia_id: str) -> list[dict[str, Any]]:
         path = self.paths.job_dir(sia_id) / "events.jsonl"
