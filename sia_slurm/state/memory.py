@@ -59,7 +59,9 @@ logger = logging.getLogger(__name__)
 
 # The previous allocation's format in controller.allocation: 1 a pickle (GavelState counted time
 # run), 2 a pickle (GavelState credits time per type, type_time; Allocation.hints_move_jobs),
-# 3 the JSON document of sia_slurm.policy.allocation_json (read by any later release).
+# 3 the JSON document of sia_slurm.policy.allocation_json (read by any later release). A new
+# format comes with a new schema version (sia_slurm/state/schema.py), so that the releases
+# that cannot read it refuse the database instead of starting their policy fresh on it.
 MEMORY_FORMAT = 3
 PICKLE_FORMAT = 2  # the one pickled format still read, and converted
 UPGRADING = "docs/operations.md, Upgrading"

@@ -15,7 +15,9 @@ still need it, starts the waiting one, and the jobs finish. Every job completed 
 Slurm and by its own events (no two runs at once, no step lost beyond its checkpoint, every
 launch one a controller decided: tests/e2e/test_controller_kill_live.py's check), the journal
 has nothing pending and neither controller logged an error. Last, the previous release is
-started on the migrated database: a downgrade, which it must refuse without changing it.
+started on the migrated database: a downgrade, which it must refuse without changing it where
+the database's schema is newer than its own (0.1.0: schema 3, today 4), and may run on where it
+is not.
 
 The jobs keep the previous release's job side to the end, as they do on a site that upgrades the
 controller host first (docs/operations.md, "Upgrading"). It runs on every Slurm release.
@@ -65,6 +67,7 @@ FIRST_RELEASE = ("v0.1.0", "c0fc770ea15205d3e8c875d2a125bfdf712d1286")
 # What the previous release says when it refuses a database of a newer schema (0.1.0's words;
 # a later release says "newer than this sia-slurm (X) knows").
 NEWER_SCHEMA = f"schema version {SCHEMA_VERSION} is newer than this sia-slurm"
+SCHEMA_PROGRAM = "from sia_slurm.state import SCHEMA_VERSION; print(SCHEMA_VERSION)"
 
 
 def git(*args: str) -> str:
@@ -277,7 +280,8 @@ def test_upgrade_with_jobs_running_moving_and_waiting(
         ks.timed_kills.append(
             {"phase": "upgrade", "delay": 0.0, "pid": old.pid, "time": stopped, "pending": pending}
         )
-    assert us.schema_version() < SCHEMA_VERSION, "the previous release wrote today's schema"
+    old_schema = int(release.run(SCHEMA_PROGRAM))
+    assert us.schema_version() == old_schema <= SCHEMA_VERSION, (old_schema, us.schema_version())
     print(f"{release.tag} stopped ({signum.name}) with actions {pending or 'none'} pending")
 
     # This tree's controller, on the same config and state.
@@ -314,9 +318,10 @@ def test_upgrade_with_jobs_running_moving_and_waiting(
     assert new is not None and new.returncode == 0, ks.diagnosis()
     check_exactly_once(ks)
 
-    # A downgrade: the previous release refuses the migrated database and leaves it as it is.
+    # A downgrade: a previous release of an older schema refuses the migrated database and
+    # leaves it as it is; one of the same schema (no format changed since) runs on it.
     rounds = us.rounds()
-    refused = subprocess.run(
+    downgrade = subprocess.run(
         us.controller_argv(release.python, "--once"),
         env=us.old_env(),
         cwd=site.root,
@@ -324,8 +329,12 @@ def test_upgrade_with_jobs_running_moving_and_waiting(
         text=True,
         timeout=180,
     )
-    output = refused.stdout + refused.stderr
-    assert refused.returncode != 0 and NEWER_SCHEMA in output, output[-3000:]
+    output = downgrade.stdout + downgrade.stderr
     assert "Traceback" not in output, output[-3000:]
-    assert (us.schema_version(), us.rounds()) == (SCHEMA_VERSION, rounds)
-    print(json.dumps({"downgrade": output.strip().splitlines()[-1][:300]}))
+    if old_schema < SCHEMA_VERSION:
+        assert downgrade.returncode != 0 and NEWER_SCHEMA in output, output[-3000:]
+        assert (us.schema_version(), us.rounds()) == (SCHEMA_VERSION, rounds)
+    else:
+        assert downgrade.returncode == 0, output[-3000:]
+        assert (us.schema_version(), us.rounds()) == (SCHEMA_VERSION, rounds + 1)
+    print(json.dumps({"downgrade": output.strip().splitlines()[-1:]}))
