@@ -57,6 +57,14 @@ class StoreError(RuntimeError):
     """The state database cannot be opened or used (names the file and the reason)."""
 
 
+def _newer_schema(path: Path, version: int) -> str:
+    return (
+        f"{path}: schema version {version} is newer than this sia-slurm ({__version__}) knows "
+        f"({SCHEMA_VERSION}): a newer release wrote it. Run that release, or restore the copy "
+        "of the database taken before the upgrade (docs/operations.md, Upgrading)"
+    )
+
+
 class Store:
     """An open state database. Use :meth:`open`; every write goes through :meth:`transaction`."""
 
@@ -86,6 +94,12 @@ class Store:
             finally:
                 os.umask(old_umask)
             conn.row_factory = sqlite3.Row
+            # A newer release's database is refused before anything is written to it (the
+            # switch to WAL rewrites its header): a downgrade must leave it as it was.
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                conn.close()
+                raise StoreError(_newer_schema(path, version))
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -100,14 +114,9 @@ class Store:
 
     def _migrate(self) -> None:
         version = self.schema_version
-        if version > SCHEMA_VERSION:
+        if version > SCHEMA_VERSION:  # written by a newer release since open() looked
             self.close()
-            raise StoreError(
-                f"{self.path}: schema version {version} is newer than this sia-slurm "
-                f"({__version__}) knows ({SCHEMA_VERSION}): a newer release wrote it. Run that "
-                f"release, or restore the copy of the database taken before the upgrade "
-                f"(docs/operations.md, Upgrading)"
-            )
+            raise StoreError(_newer_schema(self.path, version))
         if version == SCHEMA_VERSION:
             return
         with self.transaction():

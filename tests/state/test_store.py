@@ -75,8 +75,10 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         "or restore the copy of the database taken before the upgrade (docs/operations.md, "
         "Upgrading)"
     )
-    with sqlite3.connect(path) as conn:  # refused untouched
+    with sqlite3.connect(path) as conn:  # refused untouched: not even switched to WAL
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert not path.with_name("sia.db-wal").exists()
 
 
 _THROUGHPUT = "    throughput REAL NOT NULL DEFAULT 0,\n"
