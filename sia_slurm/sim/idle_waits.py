@@ -27,11 +27,12 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from sia_slurm.cluster import JobSnapshot
+from sia_slurm.cluster import ClusterSnapshot, JobSnapshot
 from sia_slurm.controller import RoundOutcome
 from sia_slurm.core import Configuration, JobKind, NodeView
 from sia_slurm.policy.base import JobView
 from sia_slurm.policy.configs import node_shares, nodes_needed
+from sia_slurm.sim.simulated_cluster import SimulatedCluster
 
 
 class WaitCause(StrEnum):
@@ -182,3 +183,12 @@ def round_waits(
         if free.room_for(run):
             waits[job.sia_id] = wait_cause(job.sia_id, outcome, views)
     return RoundWaits(waits, tuple(outcome.placement.unplaced))
+
+
+def after_actions(
+    snapshot: ClusterSnapshot, outcome: RoundOutcome, cluster: SimulatedCluster
+) -> RoundWaits:
+    """:func:`round_waits` of the round that decided ``outcome`` from ``snapshot``, once
+    ``cluster`` has applied its actions (what the simulator records every round)."""
+    free = FreeGpus.of(snapshot.nodes, cluster.free_gpus())
+    return round_waits(snapshot.jobs, outcome, cluster.holding(), free)

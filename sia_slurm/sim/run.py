@@ -44,7 +44,7 @@ from sia_slurm.sim.artifact_metrics import (
     WorkloadMetrics,
     workload_metrics,
 )
-from sia_slurm.sim.idle_waits import FreeGpus, RoundWaits, round_waits
+from sia_slurm.sim.idle_waits import RoundWaits, after_actions
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
 from sia_slurm.sim.simulated_cluster import SimulatedCluster
@@ -287,8 +287,7 @@ def _one_round(
     t2 = time.perf_counter()
     results = cluster.apply(outcome.actions)
     t3 = time.perf_counter()
-    free = FreeGpus.of(snapshot.nodes, cluster.free_gpus())
-    waits = round_waits(snapshot.jobs, outcome, cluster.holding(), free)
+    waits = after_actions(snapshot, outcome, cluster)
     t_waits = time.perf_counter()
     held = cluster.gpus_held()
     contention = sum(1 for job in snapshot.jobs if not job.phase.finished)
