@@ -283,6 +283,8 @@ class Controller:
             placement = place(cluster, allocation, views)
         except Exception as exc:
             raise _StageError("place", exc) from exc
+        if placement.replaced:  # placed at the policy's fallbacks: the round's allocation
+            allocation = replace(allocation, jobs={**allocation.jobs, **placement.replaced})
         place_s = time.perf_counter() - t2
         return _Decided(live, allocation, placement, t2 - t1, place_s, views)
 
