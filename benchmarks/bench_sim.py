@@ -153,10 +153,13 @@ def main() -> None:
             "",
         ),
         ("apply actions", t["apply_s"], ""),
+        ("idle waits, unplaced allocations", t["waits_s"], ""),
         ("job stepping (advance)", t["advance_s"], ""),
         ("round log", t["log_s"], ""),
     ]
-    accounted = sum(t[k] for k in ("snapshot_s", "controller_s", "apply_s", "advance_s", "log_s"))
+    accounted = sum(
+        t[k] for k in ("snapshot_s", "controller_s", "apply_s", "waits_s", "advance_s", "log_s")
+    )
     rows.append(("setup (traces, profiles) and rest", wall - accounted, ""))
     ms = result.solve_ms
     print(

@@ -18,7 +18,7 @@ before still loads, with a warning, for one release (:mod:`sia_slurm.config_evol
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 REQUIRED: Any = object()
@@ -143,7 +143,12 @@ KEYS: tuple[ConfigKey, ...] = (
         NO_DEFAULT,
         "The allocation policy: `name`, then the parameters of that policy (below).",
     ),
-    ConfigKey("policy.name", "sia, pollux, gavel, fifo", "sia", "Which policy runs each round."),
+    ConfigKey(
+        "policy.name",
+        "sia, sia-paper, pollux, gavel, fifo",
+        "sia",
+        "Which policy runs each round (`sia-paper`: the paper's Sia exactly).",
+    ),
     # ---- Sia (sia_slurm.policy.parameters.SiaPolicyConfig)
     ConfigKey(
         "policy.p",
@@ -206,6 +211,22 @@ KEYS: tuple[ConfigKey, ...] = (
         1e-3,
         "A round's answer within this relative distance of the LP bound is taken without "
         "proving it optimal (0: prove every round).",
+        "sia",
+    ),
+    ConfigKey(
+        "policy.charge_waiting",
+        "true or false",
+        False,
+        "The restart factor also discounts a job that holds no GPUs (the paper's rule: a job "
+        "requeued or stopped counts its restarts against every start).",
+        "sia",
+    ),
+    ConfigKey(
+        "policy.repair_placement",
+        "true or false",
+        True,
+        "An allocation placement cannot honour falls back in the same round to the job's "
+        "current configuration, or a smaller one of its type, that fits.",
         "sia",
     ),
     # ---- Pollux (PolluxPolicyConfig)
@@ -336,6 +357,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "1: static shares only.",
     ),
 )
+# The paper's Sia (`policy.name: sia-paper`) takes Sia's keys, with its own defaults.
+_SIA_PAPER_DEFAULTS = {"charge_waiting": True, "repair_placement": False}
+KEYS += tuple(
+    replace(key, policy="sia-paper", default=_SIA_PAPER_DEFAULTS.get(key.name, key.default))
+    for key in KEYS
+    if key.policy == "sia"
+)
 
 
 @dataclass(frozen=True)
@@ -393,7 +421,7 @@ def reference_markdown() -> str:
     policy's parameters (docs/reference/config.md, ``sia-slurm config keys``)."""
     lines = ["## The file", ""]
     lines += _rows([key for key in KEYS if not key.policy])
-    for policy in ("sia", "pollux", "gavel", "fifo"):
+    for policy in ("sia", "sia-paper", "pollux", "gavel", "fifo"):
         lines += ["", f"## `policy.name: {policy}`", ""]
         lines += _rows([key for key in KEYS if key.policy == policy])
     if RETIRED:  # read with a warning in their release, refused from the next

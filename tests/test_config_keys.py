@@ -125,5 +125,5 @@ def test_the_reference_names_every_key_once_per_policy() -> None:
     text = reference_markdown()
     for key in KEYS:
         assert f"| `{key.path}` |" in text
-    assert text.count("| `policy.p` |") == 2  # Sia's and Pollux's
+    assert text.count("| `policy.p` |") == 3  # Sia's, the paper's Sia's and Pollux's
     assert "## `policy.name: gavel`" in text

@@ -41,7 +41,8 @@ metrics that the goodput models learn from. Docs: docs/simulator.md.
 Writes to --out:
   summary.json           metrics per workload and pooled (avg/p99 JCT,
                          makespan, GPU-hours/job, restarts, contention,
-                         policy solve times, per-job JCTs)
+                         policy solve times, per-job JCTs, job-rounds
+                         waiting beside free GPUs, unplaced allocations)
   rounds-NAME.jsonl      one JSON line per round and workload
   jct_cdf.png, gpus-NAME.png   with --plot (needs matplotlib)
 

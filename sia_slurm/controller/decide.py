@@ -72,6 +72,9 @@ class RoundOutcome:
     timings: Mapping[str, float] = field(default_factory=dict)
     quarantined: Mapping[str, str] = field(default_factory=dict)  # sia id -> stage: why
     reports_taken: tuple[MetricsReport, ...] = ()  # the reports the models were fed
+    # The policy's view of every job it decided (its limits as the controller set them this
+    # round): what measures of the round, such as the simulator's idle waits, judge against.
+    views: tuple[JobView, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timings", MappingProxyType(dict(self.timings)))
@@ -87,6 +90,7 @@ class _Decided:
     placement: Placement
     policy_s: float
     place_s: float
+    views: tuple[JobView, ...] = ()
 
 
 class _StageError(Exception):
@@ -186,6 +190,7 @@ class Controller:
             },
             quarantined=quarantine.reasons,
             reports_taken=tuple(taken),
+            views=decided.views,
         )
         self.previous = decided.allocation
         self.round_index += 1
@@ -278,7 +283,10 @@ class Controller:
             placement = place(cluster, allocation, views)
         except Exception as exc:
             raise _StageError("place", exc) from exc
-        return _Decided(live, allocation, placement, t2 - t1, time.perf_counter() - t2)
+        if placement.replaced:  # placed at the policy's fallbacks: the round's allocation
+            allocation = replace(allocation, jobs={**allocation.jobs, **placement.replaced})
+        place_s = time.perf_counter() - t2
+        return _Decided(live, allocation, placement, t2 - t1, place_s, views)
 
     def _say_quarantine(self, quarantine: Quarantine) -> None:
         """Log each job's quarantine when it begins or its reason changes, and its end."""

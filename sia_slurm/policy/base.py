@@ -184,6 +184,10 @@ class Allocation:
     # hint names other nodes moves there instead of keeping its nodes. Pollux's hints are
     # wishes (False): a job whose configuration did not change keeps its nodes.
     hints_move_jobs: bool = False
+    # Per job, other shares placement may give it when it cannot place the chosen one, best
+    # first (Sia's repair: :class:`sia_slurm.policy.sia.Fallbacks`, built on demand); none: such
+    # a job is left unplaced. Not kept in the policy's memory: it is the round's alone.
+    fallbacks: Mapping[str, tuple[JobAllocation, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))

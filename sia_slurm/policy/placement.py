@@ -11,8 +11,12 @@ Rules (reference section 4, "Placement after allocation"):
 - the other jobs are packed fullest-node-first (best fit), larger shapes first;
 - when fragmentation leaves no room, the fewest movable jobs (lowest goodput first) are evicted
   from the best candidate nodes and placed again, as one transaction: if the job or any victim
-  then finds no room, nothing moves and the job is left unplaced. A job evicted once is not
-  evicted again. Pinned and restoring jobs are never evicted.
+  then finds no room, nothing moves. A job evicted once is not evicted again. Pinned and
+  restoring jobs are never evicted;
+- a job that still finds no room takes the first of the policy's fallbacks
+  (``Allocation.fallbacks``, best first) that fits: its current nodes where the fallback is its
+  current configuration, else a best fit. Without one it is left unplaced. A job placed at a
+  fallback is not evicted afterwards (a victim is placed again at its allocated shape).
 
 Only the GPUs each node offers to managed jobs (``NodeView.usable_gpus``) are used, so nodes that
 are down, drained or busy with unmanaged jobs are respected.
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sia_slurm.core import Configuration, JobKind
-from sia_slurm.policy.base import Allocation, ClusterView, JobView, NodeShare
+from sia_slurm.policy.base import Allocation, ClusterView, JobAllocation, JobView, NodeShare
 from sia_slurm.policy.configs import node_shares
 
 logger = logging.getLogger(__name__)
@@ -42,9 +46,13 @@ class Placement:
     assignments: Mapping[str, tuple[NodeShare, ...]]
     unplaced: tuple[str, ...] = ()
     moved: tuple[str, ...] = ()
+    # Jobs placed at one of the policy's fallbacks instead of their allocated share, and that
+    # share: the round's allocation takes it (sia_slurm/controller/decide.py).
+    replaced: Mapping[str, JobAllocation] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "assignments", MappingProxyType(dict(self.assignments)))
+        object.__setattr__(self, "replaced", MappingProxyType(dict(self.replaced)))
 
 
 @dataclass
@@ -250,6 +258,25 @@ def evict_and_place(
     return False
 
 
+def place_fallback(
+    state: _State, job_id: str, job: JobView | None, fallbacks: Sequence[JobAllocation]
+) -> JobAllocation | None:
+    """Place ``job_id`` at the first of ``fallbacks`` that fits (its current nodes where the
+    fallback is its current configuration); that fallback, or ``None``."""
+    for fallback in fallbacks:
+        if keeps_nodes(job, fallback.config, state.node_type) and all(
+            state.free[s.node] >= s.gpus
+            for s in job.placement  # type: ignore[union-attr]
+        ):
+            state.take(job_id, job.placement)  # type: ignore[union-attr]
+            return fallback
+        shares = best_fit(state, fallback.config)
+        if shares is not None:
+            state.take(job_id, shares)
+            return fallback
+    return None
+
+
 def share_types(state: _State, shares: tuple[NodeShare, ...]) -> set[str]:
     """The GPU types of the nodes ``shares`` are on."""
     return {state.node_type[share.node] for share in shares}
@@ -282,6 +309,7 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
     }
     evicted: list[str] = []
     unplaced: list[str] = []
+    replaced: dict[str, JobAllocation] = {}
 
     def size(job_id: str) -> tuple[bool, int, int, str]:
         config = allocation.jobs[job_id].config
@@ -311,6 +339,22 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
                 placed[config.gpu_type] += 1
                 continue
             no_room[config] = placed[config.gpu_type]
+        fallbacks = allocation.fallbacks.get(job_id, ())
+        fallback = None
+        if fallbacks:
+            fallback = place_fallback(state, job_id, views.get(job_id), fallbacks)
+        if fallback is not None:
+            logger.info(
+                "[round=%d job=%s] no room for %s; placed at %s instead",
+                allocation.round_index,
+                job_id,
+                config,
+                fallback.config,
+            )
+            replaced[job_id] = fallback
+            fixed.add(job_id)  # an eviction would place it again at ``config``
+            placed.update(share_types(state, state.assignments[job_id]))
+            continue
         logger.warning(
             "[round=%d job=%s] no room for %s; left unplaced",
             allocation.round_index,
@@ -318,4 +362,4 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
             config,
         )
         unplaced.append(job_id)
-    return Placement(state.assignments, tuple(unplaced), tuple(evicted))
+    return Placement(state.assignments, tuple(unplaced), tuple(evicted), replaced)

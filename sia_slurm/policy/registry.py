@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sia_slurm.policy.base import Policy
 from sia_slurm.policy.fifo import FifoPolicy
 from sia_slurm.policy.gavel import GavelPolicy
-from sia_slurm.policy.parameters import POLICY_PARAMS
+from sia_slurm.policy.parameters import POLICY_PARAMS, SiaPaperPolicyConfig
 from sia_slurm.policy.pollux import PolluxPolicy
 from sia_slurm.policy.sia import SiaPolicy
 
@@ -23,8 +23,14 @@ class PolicyEntry:
     factory: Callable[..., Policy]
 
 
+def sia_paper(config: SiaPaperPolicyConfig | None = None) -> SiaPolicy:
+    """The paper's Sia: :class:`SiaPolicy` with :class:`SiaPaperPolicyConfig`."""
+    return SiaPolicy(SiaPaperPolicyConfig() if config is None else config)
+
+
 _FACTORIES: dict[str, Callable[..., Policy]] = {
     "sia": SiaPolicy,
+    "sia-paper": sia_paper,
     "pollux": PolluxPolicy,
     "gavel": GavelPolicy,
     "fifo": FifoPolicy,

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -209,7 +209,9 @@ def column_costs(
                 job.restarts,
                 config.default_restart_cost if job.restart_cost is None else job.restart_cost,
             )
-            for job in jobs
+            if current is not None or config.charge_waiting
+            else 1.0  # a job without GPUs restarts whichever it takes
+            for job, current in zip(jobs, currents, strict=True)
         ]
     )
     normalised = np.where(stay, normalised, normalised * factor[owner])
@@ -385,6 +387,47 @@ def fallback_choice(columns: list[JobColumns], cluster: ClusterView) -> dict[int
     return chosen
 
 
+FALLBACKS_PER_JOB = 4
+
+
+class Fallbacks(Mapping[str, tuple[JobAllocation, ...]]):
+    """Per allocated job, the other columns placement may give it when it cannot place the
+    chosen one (``repair_placement``), best first: the job's current configuration where it
+    runs (no restart), then its GPU type's columns of fewer GPUs that beat no allocation, by
+    cost; at most :data:`FALLBACKS_PER_JOB`. Smaller columns of the same type never break a GPU
+    limit the chosen one kept. Built per job when asked: placement asks only for the jobs it
+    could not place."""
+
+    def __init__(self, chosen: dict[str, tuple[JobColumns, int]]) -> None:
+        self._chosen = chosen
+
+    def __getitem__(self, job_id: str) -> tuple[JobAllocation, ...]:
+        cols, k = self._chosen[job_id]
+        config, cost = cols.configs[k], cols.cost
+        order = []
+        if cols.current is not None and cols.current != k and np.isfinite(cost[cols.current]):
+            order.append(cols.current)
+        smaller = [
+            i
+            for i, other in enumerate(cols.configs)
+            if i not in (k, cols.current)
+            and other.gpu_type == config.gpu_type
+            and other.gpus < config.gpus
+            and np.isfinite(cost[i])
+            and cost[i] < 0
+        ]
+        order += sorted(smaller, key=lambda i: (float(cost[i]), i))
+        return tuple(
+            allocation_from_row(cols.configs[i], cols.row, i) for i in order[:FALLBACKS_PER_JOB]
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._chosen)
+
+    def __len__(self) -> int:
+        return len(self._chosen)
+
+
 @dataclass(frozen=True)
 class SiaPolicy:
     """The Sia policy; see the module docstring."""
@@ -440,9 +483,14 @@ class SiaPolicy:
             status,
             elapsed,
         )
+        fallbacks: Mapping[str, tuple[JobAllocation, ...]] = {}
+        if self.config.repair_placement:
+            chosen_columns = {columns[i].job.job_id: (columns[i], k) for i, k in choice.items()}
+            fallbacks = Fallbacks(chosen_columns)
         return Allocation(
             jobs=jobs,
             time=policy_input.now,
             round_index=policy_input.round_index,
             info=SolveInfo(status, elapsed, message),
+            fallbacks=fallbacks,
         )

@@ -16,11 +16,23 @@ Per workload (:func:`workload_metrics`), over its completed jobs:
 * ``wall_s``: wall-clock seconds of the whole simulation;
 * ``jct_h``: every job's JCT by name.
 
+Not the artifact's, measured for issue 38 (:mod:`sia_slurm.sim.idle_waits`; ``None`` where
+the rounds were not recorded):
+
+* ``active_job_rounds``: active jobs summed over rounds (the sum of the contention);
+* ``job_rounds_waiting_beside_free_gpus``: job-rounds in which an active job held no GPUs
+  while GPUs of a type it may use, enough for its smallest run, were free after the round's
+  actions; ``rounds_with_jobs_waiting_beside_free_gpus``: rounds with at least one;
+  ``waits_beside_free_gpus_by_cause``: the former by where the round left the job out;
+* ``unplaced_allocations``: allocations the policy decided and placement could not honour,
+  summed over rounds.
+
 Pooled over workloads (:func:`pooled_metrics`): the average JCT is the mean over *all* jobs, with
 ``avg_jct_std_h`` the (population) standard deviation of the per-workload means; the p99 is over
 all jobs; the makespan is averaged over workloads; GPU-hours and restarts per job are totals over
 total jobs; contention is a mean over all jobs and a max over workloads; solve times pool every
-round; ``wall_s`` is the sum (CPU time across workloads), ``wall_max_s`` the longest.
+round; ``wall_s`` is the sum (CPU time across workloads), ``wall_max_s`` the longest; the
+counts of issue 38 are sums (``None`` if any workload's is).
 """
 
 from __future__ import annotations
@@ -56,6 +68,27 @@ class JobOutcome:
 
 
 @dataclass(frozen=True)
+class WaitTotals:
+    """Idle waits and unplaced allocations summed over a workload's rounds (module doc)."""
+
+    job_rounds: int = 0  # job-rounds waiting beside free GPUs
+    rounds: int = 0  # rounds with at least one such job
+    by_cause: Mapping[str, int] = field(default_factory=dict)
+    unplaced_allocations: int = 0
+
+    def __add__(self, other: WaitTotals) -> WaitTotals:
+        causes = dict(self.by_cause)
+        for cause, count in other.by_cause.items():
+            causes[cause] = causes.get(cause, 0) + count
+        return WaitTotals(
+            self.job_rounds + other.job_rounds,
+            self.rounds + other.rounds,
+            dict(sorted(causes.items())),
+            self.unplaced_allocations + other.unplaced_allocations,
+        )
+
+
+@dataclass(frozen=True)
 class WorkloadMetrics:
     """The metrics of one simulated workload (module doc)."""
 
@@ -72,9 +105,19 @@ class WorkloadMetrics:
     solve_ms_p95: float
     wall_s: float
     jct_h: Mapping[str, float] = field(default_factory=dict)
+    active_job_rounds: int = 0
+    job_rounds_waiting_beside_free_gpus: int | None = None
+    rounds_with_jobs_waiting_beside_free_gpus: int | None = None
+    waits_beside_free_gpus_by_cause: Mapping[str, int] | None = None
+    unplaced_allocations: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def wait_totals(self) -> WaitTotals | None:
+        """The counts of issue 38 as one value (``None`` if not recorded)."""
+        return _totals_of(self)
 
 
 @dataclass(frozen=True)
@@ -96,9 +139,41 @@ class PooledMetrics:
     solve_ms_p95: float
     wall_s: float
     wall_max_s: float
+    active_job_rounds: int = 0
+    job_rounds_waiting_beside_free_gpus: int | None = None
+    rounds_with_jobs_waiting_beside_free_gpus: int | None = None
+    waits_beside_free_gpus_by_cause: Mapping[str, int] | None = None
+    unplaced_allocations: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _totals_of(metrics: WorkloadMetrics) -> WaitTotals | None:
+    if (
+        metrics.job_rounds_waiting_beside_free_gpus is None
+        or metrics.rounds_with_jobs_waiting_beside_free_gpus is None
+        or metrics.unplaced_allocations is None
+    ):
+        return None
+    return WaitTotals(
+        metrics.job_rounds_waiting_beside_free_gpus,
+        metrics.rounds_with_jobs_waiting_beside_free_gpus,
+        dict(metrics.waits_beside_free_gpus_by_cause or {}),
+        metrics.unplaced_allocations,
+    )
+
+
+def _wait_fields(totals: WaitTotals | None) -> dict[str, Any]:
+    """The metrics' fields of issue 38 from ``totals`` (all ``None`` if not recorded)."""
+    if totals is None:
+        return {}
+    return {
+        "job_rounds_waiting_beside_free_gpus": totals.job_rounds,
+        "rounds_with_jobs_waiting_beside_free_gpus": totals.rounds,
+        "waits_beside_free_gpus_by_cause": dict(totals.by_cause),
+        "unplaced_allocations": totals.unplaced_allocations,
+    }
 
 
 def percentile_index(values: Sequence[float], fraction: float) -> float:
@@ -115,8 +190,10 @@ def workload_metrics(
     contention: Sequence[int],
     solve_ms: Sequence[float],
     wall_s: float,
+    waits: WaitTotals | None = None,
 ) -> WorkloadMetrics:
-    """Metrics of one workload from its jobs, the active jobs per round and the solve times."""
+    """Metrics of one workload from its jobs, the active jobs per round and the solve times,
+    and its idle waits and unplaced allocations where its rounds recorded them."""
     done = [job for job in jobs if job.jct is not None]
     jcts = [job.jct for job in done if job.jct is not None]
     n = len(jobs)
@@ -134,6 +211,8 @@ def workload_metrics(
         solve_ms_p95=percentile_index(solve_ms, 0.95),
         wall_s=wall_s,
         jct_h={job.name: job.jct / HOUR for job in done if job.jct is not None},
+        active_job_rounds=sum(contention),
+        **_wait_fields(waits),
     )
 
 
@@ -156,6 +235,10 @@ def pooled_metrics(
     means = [m.avg_jct_h for m in per_workload if m.completed]
     rounds = [ms for workload in solve_ms for ms in workload]
     n = len(everyone)
+    totals = [m.wait_totals for m in per_workload]
+    waits = None
+    if per_workload and all(t is not None for t in totals):
+        waits = sum((t for t in totals if t is not None), WaitTotals())
     return PooledMetrics(
         workloads=len(per_workload),
         jobs=n,
@@ -176,4 +259,6 @@ def pooled_metrics(
         solve_ms_p95=percentile_index(rounds, 0.95),
         wall_s=sum(m.wall_s for m in per_workload),
         wall_max_s=max((m.wall_s for m in per_workload), default=0.0),
+        active_job_rounds=sum(m.active_job_rounds for m in per_workload),
+        **_wait_fields(waits),
     )

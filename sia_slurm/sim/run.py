@@ -16,6 +16,10 @@ for nothing (e.g. FIFO with a job larger than every GPU type).
 
 Each round can be written as one JSON line (:func:`round_line`): time, actions, a summary of the
 decisions, GPUs held per type, contention and the stage timings.
+
+After each round's actions are applied, the round also counts the jobs that wait beside free GPUs
+they could use and the allocations placement could not honour (:mod:`sia_slurm.sim.idle_waits`,
+issue 38); :meth:`SimulationResult.metrics` sums them.
 """
 
 from __future__ import annotations
@@ -34,7 +38,13 @@ from sia_slurm.controller.profiling import MemoryProfileBook, Profiler
 from sia_slurm.policy.registry import config_type, make_policy
 from sia_slurm.policy.shares import EQUAL_USERS, SharesConfig
 from sia_slurm.sim.apptruth import AppTruth
-from sia_slurm.sim.artifact_metrics import JobOutcome, WorkloadMetrics, workload_metrics
+from sia_slurm.sim.artifact_metrics import (
+    JobOutcome,
+    WaitTotals,
+    WorkloadMetrics,
+    workload_metrics,
+)
+from sia_slurm.sim.idle_waits import RoundWaits, after_actions
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
 from sia_slurm.sim.simulated_cluster import SimulatedCluster
@@ -111,6 +121,14 @@ class RoundRecord:
     gpus: Mapping[str, int]  # GPUs held per type after the round's actions
     policy_ms: float
     actions: int
+    # Jobs that held no GPUs beside free GPUs they could use, per cause (sim/idle_waits.py),
+    # and allocations placement left unplaced, once the round's actions were applied.
+    waits_beside_free_gpus: Mapping[str, int] = field(default_factory=dict)
+    unplaced_allocations: int = 0
+
+    @property
+    def jobs_waiting_beside_free_gpus(self) -> int:
+        return sum(self.waits_beside_free_gpus.values())
 
 
 @dataclass(frozen=True)
@@ -132,12 +150,25 @@ class SimulationResult:
         """Policy-stage milliseconds of every round with at least one active job."""
         return [r.policy_ms for r in self.rounds if r.contention > 0]
 
+    def wait_totals(self) -> WaitTotals:
+        """Idle waits and unplaced allocations summed over the rounds."""
+        causes: Counter[str] = Counter()
+        for r in self.rounds:
+            causes.update(r.waits_beside_free_gpus)
+        return WaitTotals(
+            job_rounds=sum(r.jobs_waiting_beside_free_gpus for r in self.rounds),
+            rounds=sum(1 for r in self.rounds if r.jobs_waiting_beside_free_gpus),
+            by_cause=dict(sorted(causes.items())),
+            unplaced_allocations=sum(r.unplaced_allocations for r in self.rounds),
+        )
+
     def metrics(self) -> WorkloadMetrics:
         return workload_metrics(
             self.jobs,
             contention=[r.contention for r in self.rounds],
             solve_ms=self.solve_ms,
             wall_s=self.wall_s,
+            waits=self.wait_totals(),
         )
 
 
@@ -256,6 +287,8 @@ def _one_round(
     t2 = time.perf_counter()
     results = cluster.apply(outcome.actions)
     t3 = time.perf_counter()
+    waits = after_actions(snapshot, outcome, cluster)
+    t_waits = time.perf_counter()
     held = cluster.gpus_held()
     contention = sum(1 for job in snapshot.jobs if not job.phase.finished)
     finished = cluster.advance(config.round_length)
@@ -267,12 +300,14 @@ def _one_round(
         gpus=held,
         policy_ms=outcome.timings["policy_s"] * 1000,
         actions=len(outcome.actions),
+        waits_beside_free_gpus=waits.by_cause(),
+        unplaced_allocations=len(waits.unplaced),
     )
     loop.rounds.append(record)
     idle = not any(held.values()) and cluster.next_submit_time is None
     loop.quiet_rounds = loop.quiet_rounds + 1 if idle and not outcome.actions else 0
     if log is not None:
-        log.write(json.dumps(round_line(record, outcome, results, finished)) + "\n")
+        log.write(json.dumps(round_line(record, outcome, results, finished, waits)) + "\n")
     t5 = time.perf_counter()
     timings = loop.timings
     timings["snapshot_s"] += t1 - t0
@@ -280,7 +315,8 @@ def _one_round(
     for stage, seconds in outcome.timings.items():
         timings[f"controller.{stage}"] += seconds
     timings["apply_s"] += t3 - t2
-    timings["advance_s"] += t4 - t3
+    timings["waits_s"] += t_waits - t3
+    timings["advance_s"] += t4 - t_waits
     timings["log_s"] += t5 - t4
 
 
@@ -289,10 +325,12 @@ def round_line(
     outcome: RoundOutcome,
     results: Sequence[ActionResult],
     finished: Sequence[str],
+    waits: RoundWaits | None = None,
 ) -> dict[str, Any]:
-    """The JSON object of one round's log line."""
+    """The JSON object of one round's log line (with ``waits``: each job waiting beside free
+    GPUs it could use, and why, and the allocations placement left unplaced)."""
     decisions = Counter(decision.action for decision in outcome.decisions)
-    return {
+    line: dict[str, Any] = {
         "round": record.index,
         "time": record.time,
         "contention": record.contention,
@@ -311,6 +349,10 @@ def round_line(
         "timings_ms": {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in outcome.timings.items()},
         "rejected": list(outcome.rejected),
     }
+    if waits is not None:
+        line["waits_beside_free_gpus"] = {job: cause.value for job, cause in waits.waits.items()}
+        line["unplaced"] = list(waits.unplaced)
+    return line
 
 
 def _action_json(action: Action) -> dict[str, Any]:

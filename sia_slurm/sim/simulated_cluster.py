@@ -548,6 +548,14 @@ class SimulatedCluster:
                     usage[share.node] += share.gpus
         return usage
 
+    def free_gpus(self) -> dict[str, int]:
+        """Free GPUs on each node right now (a copy: the caller may keep it)."""
+        return dict(self._free)
+
+    def holding(self) -> frozenset[str]:
+        """The ids of the jobs that hold GPUs right now (starting or running)."""
+        return frozenset(job.spec.sia_id for job in self._active if job.phase.holds_gpus)
+
     def gpus_held(self) -> dict[str, int]:
         """GPUs held per GPU type right now (every type listed)."""
         used = {t.name: 0 for t in self.cluster.gpu_types}

@@ -232,6 +232,7 @@ EVERY_POLICY_EXPECTATIONS = {
     "gavel": _gavel_expectation,
     "pollux": _growth_cap_expectation,
     "sia": _sia_expectation,
+    "sia-paper": _sia_expectation,
 }
 
 

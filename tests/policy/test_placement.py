@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -211,3 +213,48 @@ def test_configuration_sets_follow_the_reference():
     down = ClusterView((NodeView("a0", "A", 8, 8), NodeView("a1", "A", 8, 0)))
     assert max(c.gpus for c in configuration_set(down)["A"]) == 8
     assert shape_for(cluster.types["A"], 12) == Configuration("A", 2, 12)
+
+
+def _fragmented() -> tuple[ClusterView, list[JobView], Allocation]:
+    """Two 4-GPU nodes: ``a`` keeps 3 on A-0, ``c`` keeps 2 on A-1, and ``b`` (1 GPU on A-1)
+    is allocated 4: no node has 4 free, and neither eviction leaves its victim a place."""
+    cluster = make_cluster([("A", 2, 4)])
+    three, two, one = (Configuration("A", 1, n) for n in (3, 2, 1))
+    views = [
+        JobView("a", JobKind.ADAPTIVE, ESTIMATOR, current=three, placement=(NodeShare("A-0", 3),)),
+        JobView("b", JobKind.ADAPTIVE, ESTIMATOR, current=one, placement=(NodeShare("A-1", 1),)),
+        JobView("c", JobKind.ADAPTIVE, ESTIMATOR, current=two, placement=(NodeShare("A-1", 2),)),
+    ]
+    allocation = Allocation(
+        {"a": share(three, 5.0), "b": share(Configuration("A", 1, 4)), "c": share(two, 5.0)}
+    )
+    return cluster, views, allocation
+
+
+def test_a_job_with_no_room_and_no_fallback_is_left_unplaced():
+    cluster, views, allocation = _fragmented()
+    placement = place(cluster, allocation, views)
+    assert placement.unplaced == ("b",)
+    assert placement.replaced == {}
+
+
+def test_a_job_with_no_room_takes_its_first_fallback_that_fits():
+    """Sia's repair (``Allocation.fallbacks``): ``b`` cannot grow to 4, and its fallbacks are
+    tried in order: 3 GPUs fit nowhere, its current 1 GPU fits where it is (no restart)."""
+    cluster, views, allocation = _fragmented()
+    current = share(Configuration("A", 1, 1))
+    fallbacks = {"b": (share(Configuration("A", 1, 3)), current, share(Configuration("A", 1, 2)))}
+    placement = place(cluster, replace(allocation, fallbacks=fallbacks), views)
+    assert placement.unplaced == ()
+    assert placement.replaced == {"b": current}
+    assert placement.assignments["b"] == (NodeShare("A-1", 1),)
+    assert placement.assignments["a"] == (NodeShare("A-0", 3),)
+    assert placement.assignments["c"] == (NodeShare("A-1", 2),)
+
+
+def test_a_fallback_that_is_not_the_current_configuration_is_packed():
+    cluster, views, allocation = _fragmented()
+    two = share(Configuration("A", 1, 2))
+    placement = place(cluster, replace(allocation, fallbacks={"b": (two,)}), views)
+    assert placement.replaced == {"b": two}
+    assert placement.assignments["b"] == (NodeShare("A-1", 2),)  # A-0 has 1 free, A-1 has 2

@@ -13,6 +13,7 @@ from sia_slurm.policy import sia as sia_module
 from sia_slurm.policy import sia_solve
 from sia_slurm.policy.base import JobView, PolicyInput
 from sia_slurm.policy.configs import configuration_set
+from sia_slurm.policy.parameters import SiaPaperPolicyConfig
 from sia_slurm.policy.sia import SiaPolicy, SiaPolicyConfig
 from sia_slurm.policy.sia_milp import CouplingRows, ProgramResult
 from tests.estimators import SyntheticEstimator, TableEstimator, make_cluster
@@ -308,3 +309,37 @@ def test_an_extra_coupling_row_from_assemble_limits_the_jobs_it_names():
     capped = held(CouplingRows(coupling, np.array([2.0])))
     assert capped.get("j0", 0) + capped.get("j1", 0) <= 2
     assert capped["j2"] > unlimited.get("j2", 0)  # the job outside the limit takes the rest
+
+
+def test_a_job_without_gpus_is_not_charged_its_restarts_unless_the_paper_says_so():
+    """A job Slurm requeued five times in 100 s (S = 30 s) has a restart factor of 0: the
+    paper's Sia (``charge_waiting``) discounts every start of it to nothing and leaves it out
+    beside free GPUs; sia starts it, since it restarts whichever configuration it takes."""
+    cluster = make_cluster([("A", 1, 4)])
+    estimator = TableEstimator(per_type={"A": {1: 1.0, 2: 1.8, 4: 3.0}})
+    waiting = job("w", estimator, age=100, restart_cost=30, restarts=5)
+    paper = SiaPaperPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
+    assert solve(cluster, [waiting], paper).jobs == {}
+    assert configs_of(solve(cluster, [waiting])) == {"w": Configuration("A", 1, 4)}
+
+
+def test_fallbacks_put_the_current_configuration_first_then_smaller_ones_of_its_type():
+    """``repair_placement``: a running job allocated 8 GPUs of A falls back to its current 2
+    (no restart), then to A's other smaller columns by their cost (4 before 1: more goodput);
+    never to B's, whose GPUs the program did not count for it. The paper's Sia has none."""
+    cluster = make_cluster([("A", 2, 4), ("B", 1, 4)])
+    estimator = TableEstimator(per_type={"A": {1: 1.0, 2: 1.9, 4: 3.6, 8: 7.0}, "B": {1: 0.5}})
+    running = job(
+        "r", estimator, current=Configuration("A", 1, 2), placement=(), age=3600, restart_cost=1
+    )
+    allocation = solve(cluster, [running])
+    assert allocation.jobs["r"].config == Configuration("A", 2, 8)
+    fallbacks = [share.config for share in allocation.fallbacks["r"]]
+    assert fallbacks == [
+        Configuration("A", 1, 2),
+        Configuration("A", 1, 4),
+        Configuration("A", 1, 1),
+    ]
+    assert allocation.fallbacks["r"][0].goodput == pytest.approx(1.9)
+    paper = SiaPaperPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
+    assert dict(solve(cluster, [running], paper).fallbacks) == {}

@@ -70,6 +70,14 @@ def test_same_named_workloads_get_distinct_labels(tmp_path: Path) -> None:
     )
     assert code == 0, output
     assert (out / "rounds-x_w.jsonl").exists() and (out / "rounds-y_w.jsonl").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    for metrics in (summary["workloads"]["x_w"]["metrics"], summary["pooled"]):
+        assert metrics["job_rounds_waiting_beside_free_gpus"] == 0  # one job, 64 GPUs
+        assert metrics["rounds_with_jobs_waiting_beside_free_gpus"] == 0
+        assert metrics["unplaced_allocations"] == 0
+        assert metrics["active_job_rounds"] > 0
+    first = json.loads((out / "rounds-x_w.jsonl").read_text().splitlines()[0])
+    assert (first["waits_beside_free_gpus"], first["unplaced"]) == ({}, [])
 
 
 @pytest.mark.parametrize(
