@@ -121,7 +121,7 @@ def test_negative_gpus_per_node() -> None:
         ("{p: 0.5, lambda_n: 1.1}", "policy.lambda_n", "breaks the sign rules"),
         ("{p: -0.5, lambda_n: 0.9}", "policy.lambda_n", "|lambda_n| > 1"),
         ("{p: 0}", "policy.p", "expected a finite non-zero number, got 0"),
-        ("{name: gandiva}", "policy.name", "expected one of sia, pollux, gavel, fifo"),
+        ("{name: gandiva}", "policy.name", "expected one of sia, sia-paper, pollux, gavel, fifo"),
         ("{growth_factor: 0.5}", "policy.growth_factor", "expected >= 1 or None, got 0.5"),
         ("{lambda_a: -1}", "policy.lambda_a", "expected >= 0, got -1"),
         ("{name: gavel, objective: fastest}", "policy.objective", "expected one of"),

@@ -17,6 +17,7 @@ from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Start
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.core import Configuration, JobKind, NodeView
 from sia_slurm.policy.base import Allocation, JobAllocation, PolicyInput, restart_factor
+from sia_slurm.policy.parameters import SiaPaperPolicyConfig
 from sia_slurm.policy.sia import SiaPolicy
 from sia_slurm.protocol import JobSpec
 from sia_slurm.sim.idle_waits import (
@@ -123,11 +124,14 @@ def test_a_job_the_restart_factor_discounts_waits_beside_an_empty_cluster(
     """Sia multiplies every configuration but the current one by the restart factor r. A new
     job may take one GPU (the growth cap), on the only type: normalised goodput 1, so its
     column beats leaving it out only while ``r ** p < lambda_n``, i.e. ``r > lambda_n ** (1/p)``
-    (0.83 by default). Below that it waits with every GPU free."""
+    (0.83 by default). Below that it waits with every GPU free: the paper's rule
+    (``sia-paper``); sia, which does not charge a job without GPUs, starts it."""
     now = 3600.0
     snapshot = _one_job(restarts, now)
     factory = EstimatorFactory(two_nodes.profiles, two_nodes.type_aliases)
-    policy = SiaPolicy()
+    default = Controller(SiaPolicy(), factory).round(snapshot)
+    assert {a.sia_id for a in default.actions if isinstance(a, Start)} == {"old"}
+    policy = SiaPolicy(SiaPaperPolicyConfig())
     outcome = Controller(policy, factory).round(snapshot)
     started = {a.sia_id for a in outcome.actions if isinstance(a, Start)}
     taken = {s.node: s.gpus for a in outcome.actions if isinstance(a, Start) for s in a.placement}
