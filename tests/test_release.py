@@ -57,6 +57,21 @@ def clone(target: Path) -> Path:
     return target
 
 
+UNRELEASED = "## [Unreleased]\n"
+TEST_ENTRY = "\n### Added\n- An entry for the test.\n\n### Upgrading\n- Nothing to do.\n"
+
+
+def give_unreleased(repo: Path) -> None:
+    """Right after a release the checkout has nothing Unreleased, which the script refuses to
+    release: give the clone an entry (committed) where its section is empty."""
+    path = repo / "CHANGELOG.md"
+    text = path.read_text()
+    start = text.index(UNRELEASED) + len(UNRELEASED)
+    section = text[start : text.find("\n## ", start)]
+    if "\n- " not in section:
+        commit_changelog(repo, text[:start] + TEST_ENTRY + text[start:])
+
+
 def run_release(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, str(SCRIPT), *args, "--no-isolation", "--repo", str(repo)]
     return subprocess.run(
@@ -73,6 +88,7 @@ def commit_changelog(repo: Path, text: str) -> None:
 def released(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A clone released as NEXT with --skip-tests: the one build of this module."""
     repo = clone(tmp_path_factory.mktemp("released") / "repo")
+    give_unreleased(repo)
     done = run_release(repo, NEXT, "--skip-tests")
     assert done.returncode == 0, done.stderr
     yield repo
@@ -96,6 +112,7 @@ def repo(pristine: Path) -> Path:
     for branch in git(pristine, "branch", "--format=%(refname:short)").split():
         if branch != "main":
             git(pristine, "branch", "-q", "-D", branch)
+    give_unreleased(pristine)
     return pristine
 
 
