@@ -343,3 +343,33 @@ def test_fallbacks_put_the_current_configuration_first_then_smaller_ones_of_its_
     assert allocation.fallbacks["r"][0].goodput == pytest.approx(1.9)
     paper = SiaPaperPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
     assert dict(solve(cluster, [running], paper).fallbacks) == {}
+
+
+def test_a_stage_b_answer_no_better_than_stage_a_keeps_stage_b_proof(monkeypatch):
+    """Stage B searches every column that could beat stage A's best; when its answer is worse
+    (HiGHS's own gap lets it stop above it), stage A's answer stands with stage B's status:
+    "optimal", not the "time-limit" it was labelled before (seen at growth_factor 4 on a
+    three-job round; the Prometheus series said time-limit)."""
+    cluster = make_cluster([("A", 2, 4)])
+    jobs = [job(f"j{i}", linear({"A": 1.0 + i})) for i in range(3)]
+    columns = sia_module.build_columns(PolicyInput(cluster, tuple(jobs)), NO_CAP)
+    program = sia_module.assemble(columns, cluster, None).program
+    real_search = sia_solve.search
+    calls = []
+
+    def search(program, pricing, free, allowed, time_limit_s, mip_rel_gap):
+        calls.append(free.copy())
+        result, allowed, free = real_search(
+            program, pricing, free, allowed, time_limit_s, mip_rel_gap
+        )
+        if len(calls) == 2:  # stage B (stage A runs once: free_jobs below): worse, proven
+            worse = np.zeros(program.size, dtype=bool)
+            return ProgramResult(worse, "optimal", "worse"), allowed, free
+        return result, allowed, free
+
+    monkeypatch.setattr(sia_solve, "search", search)
+    monkeypatch.setattr(sia_solve, "excluded_delta", lambda *a: -math.inf)  # stage A unproven
+    result = sia_solve.solve(program, 5.0, 0.0, accept_gap=0.0, free_jobs=(32,))
+    assert len(calls) == 2
+    assert result.status == "optimal"
+    assert result.chosen is not None and result.chosen.any()  # stage A's answer, not the empty
