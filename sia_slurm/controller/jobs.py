@@ -145,6 +145,7 @@ class JobRecord:
                 requested_gpus=1,
                 restoring=restoring,
                 gpu_types=self.profile_types,
+                profiling=True,
             )
         return JobView(
             job_id=spec.sia_id,

@@ -128,6 +128,9 @@ class JobView:
     # The GPU types the job may run on (None: any): a job still profiling may run only on a
     # type it has not measured yet (docs/profiling.md).
     gpu_types: frozenset[str] | None = None
+    # The job is measuring its profile where it runs: placement never evicts it (a move would
+    # start its sweep on that type again).
+    profiling: bool = False
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or self.requested_gpus < 1:

@@ -11,8 +11,8 @@ Rules (reference section 4, "Placement after allocation"):
 - the other jobs are packed fullest-node-first (best fit), larger shapes first;
 - when fragmentation leaves no room, the fewest movable jobs (lowest goodput first) are evicted
   from the best candidate nodes and placed again, as one transaction: if the job or any victim
-  then finds no room, nothing moves. A job evicted once is not evicted again. Pinned and
-  restoring jobs are never evicted;
+  then finds no room, nothing moves. A job evicted once is not evicted again. Pinned,
+  restoring and profiling jobs are never evicted;
 - a job that still finds no room takes the first of the policy's fallbacks
   (``Allocation.fallbacks``, best first) that fits: its current nodes where the fallback is its
   current configuration, else a best fit. Without one it is left unplaced. A job placed at a
@@ -305,7 +305,12 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
     fixed = {
         job_id
         for job_id in allocation.jobs
-        if job_id in views and (views[job_id].restoring or views[job_id].kind is JobKind.PINNED)
+        if job_id in views
+        and (
+            views[job_id].restoring
+            or views[job_id].profiling
+            or views[job_id].kind is JobKind.PINNED
+        )
     }
     evicted: list[str] = []
     unplaced: list[str] = []

@@ -258,3 +258,25 @@ def test_a_fallback_that_is_not_the_current_configuration_is_packed():
     placement = place(cluster, replace(allocation, fallbacks={"b": (two,)}), views)
     assert placement.replaced == {"b": two}
     assert placement.assignments["b"] == (NodeShare("A-1", 2),)  # A-0 has 1 free, A-1 has 2
+
+
+def test_a_profiling_job_is_not_evicted():
+    """A job measuring its profile on one GPU (``JobView.profiling``) keeps its node: evicted,
+    it would start its sweep on that type again (seen in the simulator once jobs could grow
+    4x: a profiling run moved between two A100 nodes and measured twice)."""
+    cluster = make_cluster([("A", 2, 4)])
+    one, three = Configuration("A", 1, 1), Configuration("A", 1, 3)
+    views = [
+        JobView("p", JobKind.ADAPTIVE, ESTIMATOR, current=one,
+                placement=(NodeShare("A-0", 1),), profiling=True),
+        JobView("a", JobKind.PINNED, ESTIMATOR, current=three,
+                placement=(NodeShare("A-1", 3),)),
+    ]  # fmt: skip  (``a`` pinned: only ``p`` could make room for ``c``)
+    allocation = Allocation(
+        {"p": share(one, 0.1), "a": share(three, 5.0), "c": share(Configuration("A", 1, 4))}
+    )
+    placement = place(cluster, allocation, views)
+    assert placement.unplaced == ("c",) and placement.moved == ()
+    unprofiled = [replace(views[0], profiling=False), views[1]]
+    moved = place(cluster, allocation, unprofiled)
+    assert moved.moved == ("p",) and moved.unplaced == ()
