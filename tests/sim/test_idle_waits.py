@@ -15,6 +15,7 @@ import pytest
 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Start
 from sia_slurm.controller import Controller, EstimatorFactory
+from sia_slurm.controller.decide import RoundOutcome
 from sia_slurm.core import Configuration, JobKind, NodeView
 from sia_slurm.policy.base import Allocation, JobAllocation, PolicyInput, restart_factor
 from sia_slurm.policy.parameters import SiaPaperPolicyConfig
@@ -22,6 +23,7 @@ from sia_slurm.policy.sia import SiaPolicy
 from sia_slurm.protocol import JobSpec
 from sia_slurm.sim.idle_waits import (
     FreeGpus,
+    RoundWaits,
     SmallestRun,
     WaitCause,
     after_actions,
@@ -169,22 +171,26 @@ class _FixedPolicy:
         return Allocation(jobs, policy_input.now, policy_input.round_index)
 
 
+def _fixed_round(
+    inputs: SimulationInputs, tmp_path: Path, gpus: Mapping[str, int]
+) -> tuple[SimulatedCluster, RoundOutcome, RoundWaits]:
+    """One controller round of :class:`_FixedPolicy` over jobs a, b, c on the two t4 nodes,
+    its actions applied (each must succeed), and its waits counted."""
+    cluster = _workload(inputs, tmp_path, "a,0,cifar10,1,64\nb,0,cifar10,1,64\nc,0,cifar10,1,64\n")
+    factory = EstimatorFactory(inputs.profiles, inputs.type_aliases)
+    snapshot = cluster.snapshot()
+    outcome = Controller(_FixedPolicy(gpus), factory).round(snapshot)
+    assert all(result.ok for result in cluster.apply(outcome.actions))
+    return cluster, outcome, after_actions(snapshot, outcome, cluster)
+
+
 def test_an_allocation_placement_cannot_honour_is_counted_from_the_controller(
     two_nodes: SimulationInputs, tmp_path: Path
 ) -> None:
     """3 + 3 + 2 GPUs fill the type's 8, but after the two 3-GPU jobs each node has one GPU
     free: the 2-GPU job is left unplaced (evicting either would leave that one nowhere), and
     waits beside two free GPUs its 1-GPU smallest run fits in."""
-    cluster = _workload(
-        two_nodes, tmp_path, "a,0,cifar10,1,64\nb,0,cifar10,1,64\nc,0,cifar10,1,64\n"
-    )
-    factory = EstimatorFactory(two_nodes.profiles, two_nodes.type_aliases)
-    controller = Controller(_FixedPolicy({"a": 3, "b": 3, "c": 2}), factory)
-    snapshot = cluster.snapshot()
-    outcome = controller.round(snapshot)
-    results = cluster.apply(outcome.actions)
-    assert all(result.ok for result in results)
-    counted = after_actions(snapshot, outcome, cluster)
+    cluster, outcome, counted = _fixed_round(two_nodes, tmp_path, {"a": 3, "b": 3, "c": 2})
     not_placed = [d.sia_id for d in outcome.decisions if d.note == "allocated but not placed"]
     assert counted.unplaced == tuple(not_placed) == ("c",)
     assert sum(cluster.free_gpus().values()) == 8 - 3 - 3
@@ -195,15 +201,7 @@ def test_an_allocation_placement_cannot_honour_is_counted_from_the_controller(
 def test_nothing_is_counted_when_every_allocation_fits(
     two_nodes: SimulationInputs, tmp_path: Path
 ) -> None:
-    cluster = _workload(
-        two_nodes, tmp_path, "a,0,cifar10,1,64\nb,0,cifar10,1,64\nc,0,cifar10,1,64\n"
-    )
-    factory = EstimatorFactory(two_nodes.profiles, two_nodes.type_aliases)
-    controller = Controller(_FixedPolicy({"a": 4, "b": 2, "c": 2}), factory)
-    snapshot = cluster.snapshot()
-    outcome = controller.round(snapshot)
-    cluster.apply(outcome.actions)
-    counted = after_actions(snapshot, outcome, cluster)
+    cluster, _, counted = _fixed_round(two_nodes, tmp_path, {"a": 4, "b": 2, "c": 2})
     assert counted.unplaced == () and dict(counted.waits) == {}
     assert cluster.holding() == {"a", "b", "c"}
 
