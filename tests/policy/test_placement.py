@@ -266,12 +266,13 @@ def test_a_profiling_job_is_not_evicted():
     4x: a profiling run moved between two A100 nodes and measured twice)."""
     cluster = make_cluster([("A", 2, 4)])
     one, three = Configuration("A", 1, 1), Configuration("A", 1, 3)
+    # ``a`` is pinned: only ``p`` could make room for ``c``
     views = [
         JobView("p", JobKind.ADAPTIVE, ESTIMATOR, current=one,
                 placement=(NodeShare("A-0", 1),), profiling=True),
         JobView("a", JobKind.PINNED, ESTIMATOR, current=three,
                 placement=(NodeShare("A-1", 3),)),
-    ]  # fmt: skip  (``a`` pinned: only ``p`` could make room for ``c``)
+    ]  # fmt: skip
     allocation = Allocation(
         {"p": share(one, 0.1), "a": share(three, 5.0), "c": share(Configuration("A", 1, 4))}
     )
