@@ -459,6 +459,8 @@ def _finish(
         actions_total=journal.counts(),
         pending_actions=len(journal.pending()),
         rejected=len(outcome.rejected),
+        unplaced=len(outcome.placement.unplaced),
+        placed_at_fallback=len(outcome.placement.replaced),
     )
     try:
         write_textfile(config.state_dir / "metrics", metrics_of(metrics))

@@ -66,6 +66,10 @@ class RoundMetrics:
     actions_total: Mapping[tuple[str, str], int]  # (kind, state) -> count, from the journal
     pending_actions: int
     rejected: int
+    # Allocations placement could not honour: left unplaced, or placed at one of the policy's
+    # fallbacks (Sia's repair_placement; docs/concepts/policies.md).
+    unplaced: int = 0
+    placed_at_fallback: int = 0
 
 
 def metrics_of(m: RoundMetrics) -> list[Metric]:
@@ -119,6 +123,14 @@ def metrics_of(m: RoundMetrics) -> list[Metric]:
         Metric("sia_rejected_inputs", "Reports or jobs rejected in the last round.", "gauge").add(
             m.rejected
         ),
+        Metric(
+            "sia_placement_misses",
+            "Allocations of the last round placement could not honour: left unplaced, or "
+            "placed at one of the policy's fallbacks.",
+            "gauge",
+        )
+        .add(m.unplaced, outcome="unplaced")
+        .add(m.placed_at_fallback, outcome="fallback"),
     ]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from sia_slurm.config import SiaConfig
 from sia_slurm.protocol import JobSpec
 from sia_slurm.service import open_controller, run_round
-from sia_slurm.service.prometheus import Metric, render, write_textfile
+from sia_slurm.service.prometheus import Metric, RoundMetrics, metrics_of, render, write_textfile
 from sia_slurm.state import Store
 from tests.service.fakes import FakeCluster
 
@@ -66,6 +66,10 @@ def test_round_writes_the_promised_series(
     totals = dict(samples["sia_actions_total"])
     assert totals['kind="start",result="done"'] == 3
     assert samples["sia_actions_pending"] == [("", 0.0)]
+    assert samples["sia_placement_misses"] == [
+        ('outcome="unplaced"', 0.0),
+        ('outcome="fallback"', 0.0),
+    ]
     assert not [p for p in path.parent.iterdir() if p.name != "sia.prom"], "temporary files left"
 
 
@@ -77,3 +81,18 @@ def test_labels_and_help_are_escaped(tmp_path: Path) -> None:
     parse(text)
     path = write_textfile(tmp_path / "metrics", [metric])
     assert path.read_text() == text and oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_placement_misses_are_counted_by_outcome() -> None:
+    """Issue 38's measure, live: allocations placement left unplaced, and those placed at one
+    of the policy's fallbacks, in the last round."""
+    m = RoundMetrics(
+        round_index=3, round_time=0.0, dry_run=False, timings={}, solve_seconds=0.1,
+        solve_status="optimal", jobs_by_phase={}, gpus={}, actions_this_round={},
+        actions_total={}, pending_actions=0, rejected=0, unplaced=2, placed_at_fallback=1,
+    )  # fmt: skip
+    samples = parse(render(metrics_of(m)))
+    assert samples["sia_placement_misses"] == [
+        ('outcome="unplaced"', 2.0),
+        ('outcome="fallback"', 1.0),
+    ]
