@@ -258,17 +258,27 @@ def evict_and_place(
     return False
 
 
+def take_current_nodes(
+    state: _State, job_id: str, job: JobView | None, config: Configuration
+) -> bool:
+    """Give ``job_id`` the nodes it holds if ``config`` is what it runs there and they are
+    still free in ``state`` (no restart); whether it took them."""
+    if not keeps_nodes(job, config, state.node_type) or not all(
+        state.free[s.node] >= s.gpus
+        for s in job.placement  # type: ignore[union-attr]
+    ):
+        return False
+    state.take(job_id, job.placement)  # type: ignore[union-attr]
+    return True
+
+
 def place_fallback(
     state: _State, job_id: str, job: JobView | None, fallbacks: Sequence[JobAllocation]
 ) -> JobAllocation | None:
     """Place ``job_id`` at the first of ``fallbacks`` that fits (its current nodes where the
     fallback is its current configuration); that fallback, or ``None``."""
     for fallback in fallbacks:
-        if keeps_nodes(job, fallback.config, state.node_type) and all(
-            state.free[s.node] >= s.gpus
-            for s in job.placement  # type: ignore[union-attr]
-        ):
-            state.take(job_id, job.placement)  # type: ignore[union-attr]
+        if take_current_nodes(state, job_id, job, fallback.config):
             return fallback
         shares = best_fit(state, fallback.config)
         if shares is not None:
@@ -293,14 +303,10 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
     pending = []
     for job_id, share in sorted(allocation.jobs.items()):
         job = views.get(job_id)
-        if moved_by_hint(allocation, job):
-            pending.append(job_id)
-        elif keeps_nodes(job, share.config, state.node_type) and all(
-            state.free[s.node] >= s.gpus
-            for s in job.placement  # type: ignore[union-attr]
+        # a job the hints move, or whose nodes are not what it keeps, is placed below
+        if moved_by_hint(allocation, job) or not take_current_nodes(
+            state, job_id, job, share.config
         ):
-            state.take(job_id, job.placement)  # type: ignore[union-attr]
-        else:
             pending.append(job_id)
     fixed = {
         job_id
@@ -345,9 +351,7 @@ def place(cluster: ClusterView, allocation: Allocation, jobs: Sequence[JobView])
                 continue
             no_room[config] = placed[config.gpu_type]
         fallbacks = allocation.fallbacks.get(job_id, ())
-        fallback = None
-        if fallbacks:
-            fallback = place_fallback(state, job_id, views.get(job_id), fallbacks)
+        fallback = place_fallback(state, job_id, views.get(job_id), fallbacks)
         if fallback is not None:
             logger.info(
                 "[round=%d job=%s] no room for %s; placed at %s instead",
