@@ -212,6 +212,14 @@ class KillSite:
         self.timed_kills.append({"phase": phase, "delay": delay, "pid": pid, "time": now,
                                  "pending": pending})  # fmt: skip
 
+    def tear_down(self) -> None:
+        """Stop the controller, cancel the test's Slurm jobs and resume every node."""
+        self.supervisor.stop()
+        if self.site.slurm_ids:
+            self.site.run(["scancel", *self.site.slurm_ids], check=False)
+        nodes = ",".join(NODES)
+        self.site.run(["scontrol", "update", f"NodeName={nodes}", "State=RESUME"], check=False)
+
     def wait(self, probe: Callable[[], Any], what: str, timeout_s: float = PHASE_TIMEOUT_S) -> Any:
         """Wait for ``probe``; fail at once if the controller exited other than by a kill."""
         deadline = time.monotonic() + timeout_s
@@ -321,16 +329,12 @@ def kill_site(
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     submitter = LiveSubmitter(dev_cluster, paths, dev_cluster.runner())
     site = Site(dev_cluster, shared_tmp_path, submitter, config_path, log_path)
-    argv = [a for a in site.argv() if a != "--once"]  # the loop, as systemd runs it
-    supervisor = Supervisor(argv, site.env(), shared_tmp_path)
+    supervisor = Supervisor(site.loop_argv(), site.env(), shared_tmp_path)
     kill_site = KillSite(site, plan, supervisor, tmp_path / "evidence")
     try:
         yield kill_site
     finally:
-        supervisor.stop()
-        if site.slurm_ids:
-            site.run(["scancel", *site.slurm_ids], check=False)
-        site.run(["scontrol", "update", f"NodeName={','.join(NODES)}", "State=RESUME"], check=False)
+        kill_site.tear_down()
 
 
 # ------------------------------------------------------------------------------------------------

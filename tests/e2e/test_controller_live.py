@@ -159,13 +159,14 @@ class Site:
 
     # ---- the controller ------------------------------------------------------------------
 
-    def argv(self, *extra: str) -> list[str]:
-        """The controller's command line, as the service account (``setpriv`` execs the
-        controller itself, so a signal to the process reaches the controller)."""
+    def argv(self, *extra: str, python: str | Path = sys.executable) -> list[str]:
+        """The controller's command line for one round, as the service account (``setpriv``
+        execs the controller itself, so a signal to the process reaches the controller);
+        ``python``: another release's interpreter (tests/e2e/test_upgrade_live.py)."""
         user = SERVICE_ACCOUNT
         return [
             *("setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"),
-            sys.executable,
+            str(python),
             "-m",
             "sia_slurm.cli",
             "controller",
@@ -177,6 +178,10 @@ class Site:
             str(self.log_path),
             *extra,
         ]
+
+    def loop_argv(self, python: str | Path = sys.executable) -> list[str]:
+        """The controller's loop, as systemd runs it: :meth:`argv` without ``--once``."""
+        return [a for a in self.argv(python=python) if a != "--once"]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.cluster.env, "PYTHONPATH": str(REPO)}

@@ -45,7 +45,7 @@ from sia_slurm import __version__
 from sia_slurm.protocol import StatePaths
 from sia_slurm.state import SCHEMA_VERSION
 from sia_slurm_dev import DevCluster
-from tests.accounts import SERVICE_ACCOUNT, TestAccounts
+from tests.accounts import TestAccounts
 from tests.e2e.kill_harness import KillPlan, Supervisor
 from tests.e2e.test_controller_kill_live import (
     JOBS,
@@ -181,18 +181,6 @@ class UpgradeSite:
     ks: KillSite
     release: Release
 
-    def controller_argv(self, python: Path | str, *extra: str) -> list[str]:
-        site = self.ks.site
-        user = SERVICE_ACCOUNT
-        return [
-            *("setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"),
-            *(str(python), "-m", "sia_slurm.cli", "controller", "run"),
-            *("--config", str(site.config_path), "--log-file", str(site.log_path), *extra),
-        ]
-
-    def old_env(self) -> dict[str, str]:
-        return release_env(self.ks.site.cluster.env)
-
     def schema_version(self) -> int:
         with sqlite3.connect(f"file:{self.ks.paths.state_dir / 'sia.db'}?mode=ro", uri=True) as db:
             return int(db.execute("PRAGMA user_version").fetchone()[0])
@@ -227,15 +215,13 @@ def upgrade_site(
         dev_cluster, paths, dev_cluster.runner(), python=str(release.python), protocol_job=old_job
     )
     site = Site(dev_cluster, shared_tmp_path, submitter, config_path, log_path)
-    us = UpgradeSite(KillSite(site, plan, Supervisor([], {}, shared_tmp_path), tmp_path), release)
-    us.ks.supervisor = Supervisor(us.controller_argv(release.python), us.old_env(), shared_tmp_path)
+    old_env = release_env(dev_cluster.env)  # no PYTHONPATH: nothing of this tree
+    supervisor = Supervisor(site.loop_argv(release.python), old_env, shared_tmp_path)
+    us = UpgradeSite(KillSite(site, plan, supervisor, tmp_path), release)
     try:
         yield us
     finally:
-        us.ks.supervisor.stop()
-        if site.slurm_ids:
-            site.run(["scancel", *site.slurm_ids], check=False)
-        site.run(["scontrol", "update", f"NodeName={','.join(NODES)}", "State=RESUME"], check=False)
+        us.ks.tear_down()  # the supervisor then running: the new release's
 
 
 def first_move_logged(ks: KillSite, since: float) -> dict[str, Any] | None:
@@ -295,7 +281,7 @@ def test_upgrade_with_jobs_running_moving_and_waiting(
 
     # This tree's controller, on the same config and state.
     previous = ks.supervisor
-    ks.supervisor = Supervisor(us.controller_argv(sys.executable), site.env(), site.root)
+    ks.supervisor = Supervisor(site.loop_argv(), site.env(), site.root)
     ks.supervisor.exits += previous.exits  # the old controller's end, for check_exactly_once
     ks.jobs = (*JOBS, WAITING)
     ks.supervisor.start()
@@ -331,8 +317,8 @@ def test_upgrade_with_jobs_running_moving_and_waiting(
     # leaves it as it is; one of the same schema (no format changed since) runs on it.
     rounds = us.rounds()
     downgrade = subprocess.run(
-        us.controller_argv(release.python, "--once"),
-        env=us.old_env(),
+        site.argv(python=release.python),
+        env=release_env(site.cluster.env),
         cwd=site.root,
         capture_output=True,
         text=True,
