@@ -94,8 +94,8 @@ class JobRecord:
     reports: int = 0
     last_report_time: float = float("-inf")
     # The first report taken on the job's current shape, on the controller's clock: what the
-    # steps its later reports claim are checked against (controller/reports.py). Not kept
-    # across a restart of the controller: the check starts again from the next report.
+    # steps its later reports claim are checked against (controller/reports.py). Kept in the
+    # state database with ``distrusted`` (sia_slurm/service/memory.py), for cron's --once.
     pace: Pace | None = None
     # Why its last report was not believed, when it described another configuration than the
     # job runs or claimed a pace its steps do not show: until a report is believed again the

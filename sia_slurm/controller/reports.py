@@ -11,7 +11,15 @@ goodput model would believe it and take GPUs from honest jobs. So a report count
   second on the controller's clock: over at least :data:`PACE_WINDOW_S` on one shape, the
   claimed rate may exceed the observed one at most :data:`PACE_TOLERANCE` times (overheads
   outside the timed step, data loading and checkpoints, make every honest job a bit slower
-  than its step time says; a job that claims to be several times faster is lying).
+  than its step time says; a job that claims to be several times faster is lying). A gross
+  lie is judged sooner, from :data:`PACE_EARLY_S` (the second report at 60 s rounds), at twice
+  the tolerance: a report is written every 30 s and read every round, so one round's reports
+  may show as little as half the steps the job made in it, and doubling the tolerance keeps
+  an honest job's margin what it is at the full window. Without it a job claiming ten times
+  its pace held the GPUs a 4x growth cap gave it for two more rounds (issue 38).
+
+The first report on a shape is kept in the state database with the job (``pace:<sia id>``), so
+the check holds under cron's ``--once`` too, where every round is a new process.
 
 A job whose report is refused as a lie (another configuration, an implausible pace) is held at
 its minimum GPU count until a report is believed again (``JobRecord.distrusted``): refusing
@@ -35,13 +43,16 @@ reports pass the same checks (one code path), and are honest by construction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from sia_slurm.cluster import JobSnapshot
 from sia_slurm.model import GradientStats
 from sia_slurm.protocol import MetricsReport
 
 PACE_WINDOW_S = 120.0  # controller seconds on one shape before the pace is judged
+PACE_EARLY_S = 50.0  # ... judged from here at twice the tolerance (one 60 s round)
 PACE_MIN_STEPS = 20.0  # ... and enough claimed steps in them to judge by
 PACE_TOLERANCE = 4.0  # claimed steps/s over observed steps/s that is still believed
 MAX_NOISE_SCALE_BATCHES = 1000.0  # the gradient noise scale, in largest batches
@@ -100,16 +111,34 @@ class Pace:
         (``""`` when it agrees, or when too little time has passed to judge)."""
         elapsed = now - self.time
         claimed = 1.0 / iteration_time(report)
-        if elapsed < PACE_WINDOW_S or claimed * elapsed < PACE_MIN_STEPS:
+        if elapsed < PACE_EARLY_S or claimed * elapsed < PACE_MIN_STEPS:
             return ""
+        tolerance = PACE_TOLERANCE if elapsed >= PACE_WINDOW_S else 2 * PACE_TOLERANCE
         observed = max(report.steps - self.steps, 0) / elapsed
-        if claimed <= PACE_TOLERANCE * observed:
+        if claimed <= tolerance * observed:
             return ""
         return (
             f"claims {claimed:.3g} steps/s (step_time {report.step_time:.4g} s), but its steps "
             f"advanced {observed:.3g}/s over {elapsed:.0f} s on the controller's clock "
-            f"(tolerance {PACE_TOLERANCE:g}x)"
+            f"(tolerance {tolerance:g}x)"
         )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "time": self.time, "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Pace:
+        """The pace :meth:`to_json` wrote (``ValueError`` if ``data`` is not one)."""
+        if not isinstance(data, dict) or set(data) != {"shape", "time", "steps"}:
+            raise ValueError(f"not a pace: {data!r:.200}")
+        shape, time, steps = data["shape"], data["time"], data["steps"]
+        if not isinstance(shape, list) or len(shape) != 7:
+            raise ValueError(f"pace: shape {shape!r:.200} is not a list of 7 values")
+        if not isinstance(time, int | float) or not math.isfinite(time):
+            raise ValueError(f"pace: time {time!r:.200} is not a finite number")
+        if not isinstance(steps, int) or isinstance(steps, bool):
+            raise ValueError(f"pace: steps {steps!r:.200} is not an integer")
+        return cls(tuple(shape), float(time), steps)
 
 
 def clamped_stats(

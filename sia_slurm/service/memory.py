@@ -40,6 +40,7 @@ from typing import Any
 from sia_slurm.controller import Controller, JobRecord
 from sia_slurm.controller.profiling import Profiler, Profiling
 from sia_slurm.controller.quarantine import QUARANTINED
+from sia_slurm.controller.reports import Pace
 from sia_slurm.core import Configuration
 from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.allocation_json import (
@@ -65,6 +66,7 @@ from sia_slurm.state.memory import (
     profile_document,
     profiling_restarts,
     saved_allocation,
+    saved_pace,
     saved_profilings,
     saved_usage,
     stored_reports,
@@ -88,6 +90,8 @@ def memory_of(controller: Controller) -> ControllerMemory:
                 last_report_time=record.last_report_time,
                 profile_document=record.profile_document,
                 profiling_restarts=record.profiling_restarts,
+                pace=None if record.pace is None else record.pace.to_json(),
+                distrusted=record.distrusted,
             )
             for sia_id, record in controller.jobs.items()
         },
@@ -186,6 +190,7 @@ def load_memory(
         record.reports = job.reports_seen
         if job.last_report_time is not None:
             record.last_report_time = job.last_report_time
+        _restore_pace(record, saved_pace(store, job.sia_id), job.sia_id, notes)
         controller.jobs[job.sia_id] = record
     last = store.last_round()
     if last is not None:
@@ -193,6 +198,22 @@ def load_memory(
         controller.quarantine_said = {s: d.note for s, d in decided if d.action == QUARANTINED}
     log_restore_notes(notes)
     return controller, notes
+
+
+def _restore_pace(record: JobRecord, saved: Any, sia_id: str, notes: list[RestoreNote]) -> None:
+    """The pace check where the last process left it (under ``--once`` every round is a new
+    process: without this a lie about the pace was never judged, and a liar held at its
+    minimum was free again next round). One that cannot be read starts the check afresh."""
+    if saved is None:
+        return
+    try:
+        if not isinstance(saved, dict) or not isinstance(saved.get("distrusted"), str):
+            raise ValueError(f"not a pace record: {saved!r:.200}")
+        pace = saved.get("pace")
+        record.pace = None if pace is None else Pace.from_json(pace)
+        record.distrusted = saved["distrusted"]
+    except ValueError as exc:
+        notes.append(RestoreNote(f"job {sia_id}'s pace check", str(exc)))
 
 
 def _profiling(spec: JobSpec, profiler: Profiler) -> bool:

@@ -15,6 +15,9 @@ What is kept, and how:
 * per job that brought its own profile: the checked ``profile.json`` its model was built from,
   in ``meta`` under ``profile_document:<sia id>`` (the job's directory is never read here), and
   the restarts its profiling took, under ``profiling_restarts:<sia id>``;
+* per job whose reports are being checked: the first report taken on its shape (the pace check
+  of :mod:`sia_slurm.controller.reports`) and why it is distrusted, under ``pace:<sia id>``
+  (a release that knows no such key ignores it, and checks from the next report);
 * the previous :class:`~sia_slurm.policy.base.Allocation`, including the policy's own ``state``,
   in ``controller.allocation`` with the memory format, the sia-slurm version and the policy
   name. Format 3 (:data:`MEMORY_FORMAT`) is a documented JSON document
@@ -70,6 +73,7 @@ USAGE_KEY = "usage"  # meta key of the usage ledger
 PROFILING_RESTARTS_KEY = "profiling_restarts:"  # + sia id: the restarts its profiling took
 PROFILINGS_KEY = "profilings"  # meta key of the profilings under way (controller/profiling.py)
 PROFILE_KEY = "profile_document:"  # + sia id: a remembered job's own profile document
+PACE_KEY = "pace:"  # + sia id: {"pace": first report on its shape or None, "distrusted": why}
 
 _SAFE_BUILTINS = frozenset(
     {"dict", "list", "tuple", "set", "frozenset", "int", "float", "complex", "str", "bytes"}
@@ -95,6 +99,8 @@ class JobMemory:
     last_report_time: float  # -inf: none yet
     profile_document: Mapping[str, Any] | None  # the job's own checked profile.json
     profiling_restarts: int
+    pace: Any = None  # the pace check's first report on the job's shape, as JSON (None: none)
+    distrusted: str = ""  # why its last report was a lie ("" when believed)
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,14 @@ def write_memory(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                 (PROFILING_RESTARTS_KEY + sia_id, json.dumps(job.profiling_restarts)),
             )
-    for key in (PROFILE_KEY, PROFILING_RESTARTS_KEY):
+        if job.pace is not None or job.distrusted:  # changes round by round
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                (PACE_KEY + sia_id, json.dumps({"pace": job.pace, "distrusted": job.distrusted})),
+            )
+        else:
+            conn.execute("DELETE FROM meta WHERE key = ?", (PACE_KEY + sia_id,))
+    for key in (PROFILE_KEY, PROFILING_RESTARTS_KEY, PACE_KEY):
         conn.execute(
             "DELETE FROM meta WHERE key LIKE ? AND substr(key, ?) NOT IN "
             "(SELECT sia_id FROM jobs WHERE remembered = 1)",
@@ -241,6 +254,11 @@ def profile_document(store: Store, sia_id: str) -> Any:
 def profiling_restarts(store: Store, sia_id: str) -> int:
     """The restarts job ``sia_id``'s profiling took (0: none, or still profiling)."""
     return int(store.meta(PROFILING_RESTARTS_KEY + sia_id, 0) or 0)
+
+
+def saved_pace(store: Store, sia_id: str) -> Any:
+    """Job ``sia_id``'s pace-check state as :func:`write_memory` stored it, or ``None``."""
+    return store.meta(PACE_KEY + sia_id)
 
 
 def stored_reports(

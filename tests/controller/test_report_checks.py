@@ -10,7 +10,12 @@ import pytest
 
 from sia_slurm.cluster import BatchChoice, ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
-from sia_slurm.controller.reports import MAX_NOISE_SCALE_BATCHES, PACE_WINDOW_S, clamped_stats
+from sia_slurm.controller.reports import (
+    MAX_NOISE_SCALE_BATCHES,
+    PACE_EARLY_S,
+    PACE_WINDOW_S,
+    clamped_stats,
+)
 from sia_slurm.core import Configuration
 from sia_slurm.model import load_profiles
 from sia_slurm.policy.base import NodeShare, NodeView
@@ -67,16 +72,44 @@ def test_a_pace_the_steps_do_not_show_is_refused_and_holds_the_job_at_its_minimu
     times = [0.0, 60.0, 120.0, 180.0]
     reports = [report(t + 1, int(t / 0.1 / 10)) for t in times]  # a tenth of the claim
     controller, said = rounds(factory, reports, times)
-    assert said[:2] == [[], []]  # under PACE_WINDOW_S on this shape: not judged yet
-    assert PACE_WINDOW_S <= 120.0
-    assert "claims 10 steps/s (step_time 0.1 s), but its steps advanced 1/s" in said[2][0]
+    assert said[0] == []  # the first report on this shape: nothing to judge it by
+    assert PACE_EARLY_S <= 60.0 < PACE_WINDOW_S  # judged at the second report, at 2x
+    assert "claims 10 steps/s (step_time 0.1 s), but its steps advanced 1/s" in said[1][0]
+    assert "(tolerance 8x)" in said[1][0] and "(tolerance 4x)" in said[2][0]
     record = controller.jobs["j"]
-    assert record.distrusted and record.reports == 2
+    assert record.distrusted and record.reports == 1
     view = record.view(now=240.0, restarts=0, current=CONFIG, placement=(), restoring=False)
     assert view.max_gpus == 1
     outcome = controller.round(ClusterSnapshot(240.0, NODES, (running(),), ()))
     (decision,) = outcome.decisions
     assert decision.after.endswith("x1"), decision  # shrunk to its minimum, not kept at 2
+
+
+def test_a_smaller_lie_passes_the_early_judgement_and_not_the_full_window(
+    factory: EstimatorFactory,
+) -> None:
+    """Five times the pace its steps show: within twice the tolerance after one round, caught
+    once the full window has passed."""
+    times = [0.0, 60.0, 120.0]
+    reports = [report(t + 1, int(t / 0.1 / 5)) for t in times]
+    _, said = rounds(factory, reports, times)
+    assert said[:2] == [[], []]
+    assert "(tolerance 4x)" in said[2][0]
+
+
+def test_an_honest_round_that_shows_half_its_steps_is_believed(
+    factory: EstimatorFactory,
+) -> None:
+    """Reports written every 30 s, read every 60 s: the first one read fresh, the second 30 s
+    stale, so the second round sees 30 s of steps in 60 s, from a job whose steps also run 2.2x
+    slower than its step time says (data loading outside the timed step)."""
+    rate = 1 / 0.1 / 2.2  # at 4x after one round this would be a lie: 4.4x
+    times = [0.0, 60.0, 120.0, 180.0]
+    written = [0.0, 30.0, 120.0, 150.0]
+    reports = [report(w + 0.5, int(w * rate)) for w in written]
+    controller, said = rounds(factory, reports, times)
+    assert said == [[]] * 4
+    assert controller.jobs["j"].distrusted == ""
 
 
 def test_a_report_of_another_configuration_is_a_lie(factory: EstimatorFactory) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sia_slurm import __version__
-from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
+from sia_slurm.cluster import BatchChoice, ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.core import Configuration
 from sia_slurm.policy.allocation_json import allocation_to_json
@@ -285,3 +285,52 @@ def test_a_profiling_under_way_survives_a_restart(factory: EstimatorFactory, sto
     # t4, where it ran, and dgx, where the controller's own start or move sent it since
     assert profiling.given == {"p1": {"t4", "dgx"}}
     assert profiling.refusals == {"t4": 1}
+
+
+def test_the_pace_check_and_a_liars_hold_survive_every_round_in_a_new_process(
+    factory: EstimatorFactory, store: Store
+) -> None:
+    """Under cron's ``--once`` each round is a new process: the first report on the job's shape
+    and its distrust come back from the database, so a pace lie is still judged at the second
+    report and the liar is still held at its minimum in the round after, when it sends none."""
+    config, batch = Configuration("a100", 1, 2), BatchChoice(128, 64, 0)
+    job = JobSnapshot(
+        JobSpec("j", "cifar10", min_gpus=1, max_gpus=8), JobPhase.RUNNING, config=config,
+        placement=(NodeShare("a100-1", 2),), batch=batch,
+    )  # fmt: skip
+
+    def once(t: float, reports: tuple[MetricsReport, ...]) -> tuple[Controller, list[str]]:
+        controller, notes = load_memory(store, make_policy("sia"), "sia", factory)
+        assert notes == []
+        snapshot = ClusterSnapshot(t, NODES, (job,), reports)
+        outcome = controller.round(snapshot)
+        with store.transaction():
+            store.record_jobs(snapshot)
+            save_memory(store, controller, "sia", outcome.reports_taken, outcome.round_index, t)
+        return controller, [m for m in outcome.rejected if m.startswith("metrics for j:")]
+
+    def lie(t: float) -> MetricsReport:  # a step time of 0.1 s, steps at a tenth of that pace
+        return MetricsReport(
+            "j", t + 1, "a100", 1, 2, 64, 0, 0.1, 0.01, 1.0, 2.0, steps=int(t),
+            slurm_job_id="7",
+        )  # fmt: skip
+
+    assert once(0.0, (lie(0.0),))[1] == []
+    assert json.loads(store.conn.execute(
+        "SELECT value FROM meta WHERE key = 'pace:j'"
+    ).fetchone()[0]) == {
+        "pace": {"shape": ["7", 0, "a100", 1, 2, 64, 0], "time": 0.0, "steps": 0},
+        "distrusted": "",
+    }  # fmt: skip
+    controller, said = once(60.0, (lie(60.0),))
+    assert "claims 10 steps/s" in said[0] and controller.jobs["j"].distrusted
+    controller, said = once(120.0, ())
+    assert controller.jobs["j"].distrusted and said == []
+    view = controller.jobs["j"].view(
+        now=120.0, restarts=0, current=config, placement=(), restoring=False
+    )
+    assert view.max_gpus == 1
+    store.set_meta("pace:j", {"pace": {"shape": "?"}, "distrusted": ""})
+    restored, notes = load_memory(store, make_policy("sia"), "sia", factory)
+    assert [n.what for n in notes] == ["job j's pace check"]
+    assert restored.jobs["j"].pace is None and "j" in restored.jobs
