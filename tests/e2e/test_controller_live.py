@@ -346,7 +346,7 @@ def partition_nodes(partition: str) -> list[str]:
 
 
 def test_a_job_starts_grows_changes_type_and_finishes_once(site: Site) -> None:
-    """Pending -> released with an assignment; 1 -> 2 -> 4 GPUs by Sia's growth cap; its nodes
+    """Pending -> released with an assignment; 1 -> 4 GPUs by Sia's growth cap (4x); its nodes
     drained, it moves to another type; an unmanaged job and drained nodes are left alone;
     dry-run rounds change nothing; the job completes once, its counter never lost."""
     bystander = site.submit_unmanaged("rtx-1", 2)
@@ -363,9 +363,9 @@ def test_a_job_starts_grows_changes_type_and_finishes_once(site: Site) -> None:
     assert site.assignment("grow") is None
     assert [e["state"] for e in site.journal()] == ["skipped"]
 
-    # Released with an assignment, then grown 1 -> 2 -> 4 GPUs, one round at a time.
+    # Released with an assignment on 1 GPU, then grown to 4 (the 4x cap), one round at a time.
     shapes = []
-    for kind in ("start", "move", "move"):
+    for kind in ("start", "move"):
         played = site.round()
         assert played.actions["grow"]["kind"] == kind, played.actions
         start = site.wait_started("grow", played.index)
@@ -374,7 +374,7 @@ def test_a_job_starts_grows_changes_type_and_finishes_once(site: Site) -> None:
         assert start["slurm_job_id"] == assignment.slurm_job_id == slurm_id
         shapes.append((start["partition"], start["nodes"], start["gpus_on_node"]))
     first_type = shapes[0][0]
-    assert shapes == [(first_type, 1, 1), (first_type, 1, 2), (first_type, 1, 4)]
+    assert shapes == [(first_type, 1, 1), (first_type, 1, 4)]
 
     # The administrator drains every node of that type.
     drained = partition_nodes(first_type)
@@ -413,7 +413,7 @@ def test_a_job_starts_grows_changes_type_and_finishes_once(site: Site) -> None:
     assert ("move", "skipped") in states and ("start", "skipped") in states
     assert all(state in ("done", "skipped") for _, state in states), states
     record = site.slurm_job(slurm_id)
-    assert (record["JobState"], record["Restarts"]) == ("COMPLETED", "3")
+    assert (record["JobState"], record["Restarts"]) == ("COMPLETED", "2")
     # The unmanaged job kept its GPUs the whole time.
     record = site.slurm_job(bystander)
     assert (record["JobState"], record["NodeList"], record["Restarts"]) == (

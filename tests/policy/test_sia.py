@@ -113,11 +113,13 @@ def linear(types: dict[str, float]) -> SyntheticEstimator:
     return SyntheticEstimator(speed=types, serial=0.0, cross=0.0)
 
 
-def test_growth_cap_limits_a_job_to_twice_its_largest_run():
-    cluster = make_cluster([("A", 1, 8)])
+def test_growth_cap_limits_a_job_to_a_multiple_of_its_largest_run():
+    """The paper's 2x (sia-paper), the default's 4x, none; a new job starts on one GPU."""
+    cluster = make_cluster([("A", 1, 16)])
     seen_two = job("j", linear({"A": 1.0}), max_gpus_seen=2, age=1000)
-    assert solve(cluster, [seen_two], SiaPolicyConfig()).jobs["j"].config.gpus == 4
-    assert solve(cluster, [seen_two], NO_CAP).jobs["j"].config.gpus == 8
+    assert solve(cluster, [seen_two], SiaPaperPolicyConfig()).jobs["j"].config.gpus == 4
+    assert solve(cluster, [seen_two], SiaPolicyConfig()).jobs["j"].config.gpus == 8
+    assert solve(cluster, [seen_two], NO_CAP).jobs["j"].config.gpus == 16
     new_job = job("j", linear({"A": 1.0}))
     assert solve(cluster, [new_job], SiaPolicyConfig()).jobs["j"].config.gpus == 1
 
