@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sia_slurm.model.profile import load_profiles
+from sia_slurm.model.type_speeds import best_one_gpu_throughput, profile_speed_factors
 from sia_slurm_dev.slurm_conf import (
     ClusterLayout,
     render_slurm_conf,
@@ -20,12 +21,10 @@ from sia_slurm_dev.speed import (
     MEMORY_VARIABLE,
     SAMPLES_PER_GB,
     SPEED_VARIABLE,
-    best_one_gpu_throughput,
     default_table,
     emulation,
     job_variables,
     memory_gb,
-    profile_speed_factors,
     spec_variables,
 )
 

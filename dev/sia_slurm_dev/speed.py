@@ -10,8 +10,9 @@ per type, through two variables a real cluster never sets:
   factor is derived from the shipped profiles, so the dev cluster's types differ as the profiled
   GPUs do: for each app, a type's best 1-GPU throughput (``local_bsz / step_time`` over its 1-GPU
   seed points) divided by the fastest type's; the factor is the geometric mean over the apps (each
-  app weighs the same, whatever its absolute speed), normalised so the fastest type is 1.
-  Only the cluster's own types take part, so its fastest type never sleeps.
+  app weighs the same, whatever its absolute speed), normalised so the fastest type is 1
+  (:mod:`sia_slurm.model.type_speeds`, which the profiler uses too). Only the cluster's own
+  types take part, so its fastest type never sleeps.
 * ``SIA_DEVCLUSTER_MEMORY`` (``a100=320,...``): the largest per-GPU batch, in samples, that
   fits the type's emulated memory: :data:`SAMPLES_PER_GB` per GB of the profiled GPU (the
   ``NNGB`` of its description in ``profiles/gpu_types.csv``). One number per type, the same
@@ -26,12 +27,12 @@ concerned (the job side then runs it at full speed, or with no memory limit).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sia_slurm.model.profile import AppProfile, GpuType, ProfileSet, load_profiles
+from sia_slurm.model.profile import GpuType, ProfileSet, load_profiles
+from sia_slurm.model.type_speeds import profile_speed_factors
 from sia_slurm_dev.controller_config import DEFAULT_PROFILES
 from sia_slurm_dev.spec import DEFAULT_SPEC, DevClusterSpec
 
@@ -55,43 +56,6 @@ class TypeEmulation:
     profile_type: str
     speed: float | None
     memory: int | None
-
-
-def best_one_gpu_throughput(app: AppProfile, profile_type: str) -> float | None:
-    """Samples per second of ``app``'s fastest 1-GPU seed point on ``profile_type``, or None."""
-    rates = [
-        point.local_bsz / point.step_time
-        for point in app.seed.get(profile_type, ())
-        if point.gpus == 1
-    ]
-    return max(rates) if rates else None
-
-
-def profile_speed_factors(profiles: ProfileSet, profile_types: Iterable[str]) -> dict[str, float]:
-    """Speed factor of each of ``profile_types`` (module docstring), fastest = 1.0.
-
-    Only apps with 1-GPU seed points on every one of the types count, so that each factor is
-    a mean over the same apps; a type no such app measured is left out (and the others are
-    ranked among themselves).
-    """
-    wanted = sorted(set(profile_types))
-    measured = [
-        t for t in wanted if any(best_one_gpu_throughput(a, t) for a in profiles.apps.values())
-    ]
-    logs: dict[str, list[float]] = {t: [] for t in measured}
-    for app in profiles.apps.values():
-        rates = {t: best_one_gpu_throughput(app, t) for t in measured}
-        if not measured or any(rate is None for rate in rates.values()):
-            continue
-        fastest = max(rate for rate in rates.values() if rate is not None)
-        for name, rate in rates.items():
-            assert rate is not None
-            logs[name].append(math.log(rate / fastest))
-    means = {name: math.exp(sum(values) / len(values)) for name, values in logs.items() if values}
-    if not means:
-        return {}
-    top = max(means.values())
-    return {name: value / top for name, value in means.items()}
 
 
 def memory_gb(gpu_type: GpuType) -> int | None:

@@ -19,6 +19,7 @@ Nothing here reads a file: documents come from the snapshot, measured profiles f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ from sia_slurm.model.profile_json import (
     measured_problems,
     profile_from_json,
 )
+from sia_slurm.model.type_speeds import profile_speed_factors
 from sia_slurm.protocol import MAX_SWEEP, PROFILED_FILE, JobSpec, ProtocolError
 
 # A profiling job's per-GPU batches: powers of two from the smallest useful one (M0 over this)
@@ -43,6 +45,10 @@ SWEEP_SPREAD = 16
 # A type whose measured document was refused this many times holds the job (it is quarantined
 # with the reason) instead of being measured again.
 MAX_REFUSALS = 2
+# How much more goodput a profiling job's placeholder model gives the type expected slowest
+# than the fastest (provisional_estimator): enough to decide between free types, too little to
+# weigh against other jobs.
+SLOW_FIRST = 0.05
 PROFILING_NOTE = "profiling:"  # how a profiling job's decision note begins (status shows it)
 DEADLINE_S = 900.0  # seconds a profiling run may take to measure its type
 # The account part of the key of a job that profiles for itself alone (no app): no account
@@ -300,19 +306,31 @@ def _fingerprint(document: Mapping[str, Any]) -> str:
 
 
 def provisional_estimator(
-    limits: BatchLimits, profile_types: Collection[str], aliases: Mapping[str, str]
+    limits: BatchLimits,
+    profile_types: Collection[str],
+    aliases: Mapping[str, str],
+    expected_speed: Mapping[str, float] | None = None,
 ) -> JobGoodputEstimator:
     """The goodput model of a job still profiling: one GPU of each of ``profile_types`` (those
-    not measured yet), all alike, nothing else. The policy only needs to compare the job's
-    options with the other jobs'; the same placeholder speed on every type leaves the choice
-    of type to where there is room. The batch it chooses is M0 on one GPU (the job splits it
-    into accumulation steps where it does not fit)."""
+    not measured yet), nothing else. The policy only needs to compare the job's options with
+    the other jobs'; a placeholder speed on every type leaves the choice of type to where there
+    is room. The placeholder is a little faster (up to :data:`SLOW_FIRST` more goodput) the
+    slower the type is expected to be (``expected_speed``, :mod:`sia_slurm.model.type_speeds`):
+    where there is room on several, the job measures the slowest first and ends its profiling
+    on the type it is likeliest to keep, one restart fewer. The batch it chooses is M0 on one
+    GPU (the job splits it into accumulation steps where it does not fit)."""
     m0 = limits.init_batch_size
-    placeholder = (Observation(nodes=1, gpus=1, local_bsz=m0, step_time=1.0, sync_time=0.0),)
+    speeds = expected_speed or {}
+
+    def placeholder(profile_type: str) -> tuple[Observation, ...]:
+        slowness = 1.0 - min(max(speeds.get(profile_type, 1.0), 0.0), 1.0)
+        step_time = 1.0 / (1.0 + SLOW_FIRST * slowness)
+        return (Observation(nodes=1, gpus=1, local_bsz=m0, step_time=step_time, sync_time=0.0),)
+
     return JobGoodputEstimator(
         {t: m0 for t in profile_types},
         BatchLimits(m0, m0, min(limits.min_local_bsz, m0)),
-        seed={t: placeholder for t in profile_types},
+        seed={t: placeholder(t) for t in profile_types},
         type_aliases=aliases,
     )
 
@@ -347,6 +365,12 @@ class Profiler:
     # script without the elastic wrappers never writes profiled.json).
     deadline_s: float = DEADLINE_S
 
+    @functools.cached_property
+    def expected_speed(self) -> dict[str, float]:
+        """Each profile type's expected speed factor from the shipped profiles (fastest 1)."""
+        profiles = self.factory.profiles
+        return profile_speed_factors(profiles, profiles.gpu_types)
+
     def needs(self, job: JobSnapshot) -> bool:
         """Whether ``job`` brings no profile and names no shipped app."""
         spec = job.spec
@@ -369,7 +393,10 @@ class Profiler:
         limits = profiling_limits(job.spec)
         profiling = self.profilings.setdefault(key, Profiling(key, limits, now))
         estimator = provisional_estimator(
-            profiling.limits, sorted(self.factory.profiles.gpu_types), self.factory.type_aliases
+            profiling.limits,
+            sorted(self.factory.profiles.gpu_types),
+            self.factory.type_aliases,
+            self.expected_speed,
         )
         return JobRecord(job.spec, estimator, profiling=key)
 
@@ -468,7 +495,7 @@ class Profiler:
         if record.profile_types != allowed:
             types = sorted({self.profile_type(t) for t in allowed}) or missing
             record.estimator = provisional_estimator(
-                profiling.limits, types, self.factory.type_aliases
+                profiling.limits, types, self.factory.type_aliases, self.expected_speed
             )
             record.profile_types = allowed
 

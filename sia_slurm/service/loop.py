@@ -4,7 +4,8 @@
   ``round_seconds`` of the wall clock (aligned, so rounds do not drift and restarts keep the
   rhythm). SIGTERM or SIGINT lets the current round finish, then the loop exits 0. A failed
   round is logged and the next one runs on time (the style rule: one failed call is logged and
-  retried next round, never fatal).
+  retried next round, never fatal). A profiling job's new measurement brings the next round
+  forward (:mod:`.early`), within bounds a user cannot push.
 * ``--once`` (cron or a systemd timer): one round in a fresh process, its memory loaded from
   and saved to the state database.
 
@@ -25,7 +26,10 @@ from types import FrameType
 
 from sia_slurm.clock import WALL_CLOCK, Clock
 from sia_slurm.config import SiaConfig
+from sia_slurm.controller import Controller
+from sia_slurm.protocol import StatePaths
 from sia_slurm.service.build import BackendFactory, ServiceError, open_controller, service_backend
+from sia_slurm.service.early import POLL_S, MeasurementWatch
 from sia_slurm.service.journaled_round import RoundReport, run_round
 from sia_slurm.service.lock import ControllerLock
 from sia_slurm.state import Store
@@ -105,7 +109,19 @@ def run_service(
             config.round_seconds,
             stop or threading.Event(),
             max_rounds=options.max_rounds,
+            early=MeasurementWatch(
+                StatePaths(config.state_dir).jobs_dir, lambda: _profiling_jobs(controller)
+            ),
         )
+
+
+def _profiling_jobs(controller: Controller) -> list[tuple[str, int]]:
+    """The jobs the controller is profiling, with their users' uids (from Slurm)."""
+    return [
+        (sia_id, record.spec.owner_uid)
+        for sia_id, record in controller.jobs.items()
+        if record.profiling is not None and record.spec.owner_uid is not None
+    ]
 
 
 def _describe(backend: object) -> None:
@@ -131,19 +147,55 @@ def run_loop(
     *,
     clock: Clock = WALL_CLOCK,
     max_rounds: int | None = None,
+    early: MeasurementWatch | None = None,
+    poll_s: float = POLL_S,
 ) -> list[RoundReport]:
-    """Call ``one_round`` now and at every multiple of ``period`` until ``stop`` is set."""
+    """Call ``one_round`` now and at every multiple of ``period`` until ``stop`` is set, and
+    in between as soon as ``early`` says a profiling measurement arrived (:mod:`.early`)."""
     reports: list[RoundReport] = []
     attempts = 0
+    scheduled = True
     while not stop.is_set():
         attempts += 1
         try:
             reports.append(one_round())
         except Exception as exc:
             logger.exception("round failed: %s; the next round runs on schedule", exc)
+        if early is not None:
+            try:
+                early.after_round(scheduled=scheduled)
+            except Exception as exc:  # the watch is a shortcut: never worth a stopped loop
+                logger.exception("cannot watch the profiling jobs: %s", exc)
+                early = None
         if max_rounds is not None and attempts >= max_rounds:
             break
-        if stop.wait(max(next_round_time(clock.now(), period) - clock.now(), 0.0)):
+        woken = _wait(stop, next_round_time(clock.now(), period), clock, early, poll_s)
+        if woken is None:
             break
+        scheduled = not woken
     logger.info("controller loop stopped after %d round(s)", attempts)
     return reports
+
+
+def _wait(
+    stop: threading.Event,
+    until: float,
+    clock: Clock,
+    early: MeasurementWatch | None,
+    poll_s: float,
+) -> bool | None:
+    """Wait until ``until`` on ``clock``: ``False`` then, ``True`` as soon as ``early`` is due
+    before it, ``None`` if ``stop`` was set."""
+    while True:
+        left = until - clock.now()
+        if left <= 0:
+            return False
+        if stop.wait(left if early is None else min(left, poll_s)):
+            return None
+        if early is not None:
+            try:
+                if early.due():
+                    return True
+            except Exception as exc:
+                logger.exception("cannot watch the profiling jobs: %s", exc)
+                early = None

@@ -381,3 +381,20 @@ def test_the_restarts_profiling_took_are_not_charged_afterwards(
     assert record.profiling is None and record.profiling_restarts == 1
     view = record.view(now=180.0, restarts=3, current=None, placement=(), restoring=False)
     assert view.restarts == 2  # the two the policy chose, not the profiling's
+
+
+def test_a_new_model_measures_the_type_expected_slowest_first(factory: EstimatorFactory) -> None:
+    """Both types free: the shipped profiles rank t4 well below the A100s (dgx), so the job
+    starts on t4 (with every type alike it took the first node's type, the A100s, here) and
+    ends its profiling on the A100, where it is likeliest to stay; a full t4
+    does not make it wait (the preference is a placeholder's few per cent, not a rule)."""
+    factors = controller(factory).profiler.expected_speed  # type: ignore[union-attr]
+    assert factors["dgx"] == 1.0 and factors["t4"] < 0.5
+    job = spec()
+    a100_first = (NodeView("a100-1", "a100", 4, 4), NodeView("t4-1", "t4", 4, 4))  # alike, a100
+    snapshot = ClusterSnapshot(0.0, a100_first, (pending(job),))
+    (start,) = controller(factory).round(snapshot).actions
+    assert isinstance(start, Start) and start.config == Configuration("t4", 1, 1)
+    full_t4 = (NodeView("t4-1", "t4", 4, 0), NodeView("a100-1", "a100", 4, 4))
+    (start,) = controller(factory).round(ClusterSnapshot(0.0, full_t4, (pending(job),))).actions
+    assert isinstance(start, Start) and start.config == Configuration("a100", 1, 1)
