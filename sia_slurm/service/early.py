@@ -9,9 +9,11 @@ for a three-type cluster, before the job is scheduled like any other. So the sys
 between rounds and runs the next round as soon as one is written.
 
 The file is the user's, and a user could rewrite it every second to make the controller run a
-round every second. So a job brings the round forward at most once between two scheduled
-rounds, and at most :data:`MAX_EARLY_PER_PERIOD` early rounds run between two scheduled ones
-in all; the watch looks at no more than :data:`MAX_WATCHED` jobs. A file is only ever
+round every second. So a job brings a round forward at most once per step of its profiling
+(the types it has left to measure: a rewrite that measured nothing new, or a refused
+document, changes nothing there), at most :data:`MAX_EARLY_PER_PERIOD` early rounds run
+between two scheduled ones in all, and the watch looks at no more than :data:`MAX_WATCHED`
+jobs. A file is only ever
 ``lstat``-ed, relative to the job's directory opened and checked as the job's user's
 (:class:`~sia_slurm.userfiles.JobDirectory`): it is read in the round, through the user-file
 door, like any other. Under cron's ``--once`` there is no loop between rounds, and no early
@@ -30,12 +32,13 @@ from sia_slurm.userfiles import JobDirectory
 
 logger = logging.getLogger(__name__)
 
-MAX_EARLY_PER_PERIOD = 3  # early rounds between two scheduled rounds, all jobs together
+MAX_EARLY_PER_PERIOD = 16  # early rounds between two scheduled rounds, all jobs together
 MAX_WATCHED = 64  # profiling jobs whose files are looked at between rounds
 POLL_S = 1.0  # seconds between two looks
 
 Version = tuple[int, int, int] | None  # (mtime_ns, size, inode) of the file; None: no file
-ProfilingJobs = Callable[[], Iterable[tuple[str, int]]]  # (sia id, the job user's uid)
+# (sia id, the job user's uid, how far its profiling is: the types it has left to measure)
+ProfilingJobs = Callable[[], Iterable[tuple[str, int, int]]]
 
 
 def measurement_version(jobs_dir: Path, sia_id: str, uid: int) -> Version:
@@ -53,36 +56,43 @@ def measurement_version(jobs_dir: Path, sia_id: str, uid: int) -> Version:
 class MeasurementWatch:
     """Whether a profiling job has written a new measurement since the last round.
 
-    ``profiling_jobs`` names the jobs the controller is profiling (it is asked after every
-    round); ``version`` says which write of a job's file is there (tests replace it)."""
+    ``profiling_jobs`` names the jobs the controller is profiling, and how far each is (it is
+    asked after every round); ``version`` says which write of a job's file is there (tests
+    replace it)."""
 
     jobs_dir: Path
     profiling_jobs: ProfilingJobs
     version: Callable[[Path, str, int], Version] = measurement_version
-    _armed: dict[str, tuple[int, Version]] = field(default_factory=dict)
-    _woken: set[str] = field(default_factory=set)  # jobs that brought a round forward
+    _armed: dict[str, tuple[int, int, Version]] = field(default_factory=dict)
+    _woken: set[tuple[str, int]] = field(default_factory=set)  # (job, step) that woke a round
+    _early: int = 0  # early rounds since the last scheduled one
 
     def after_round(self, *, scheduled: bool) -> None:
         """Note each profiling job's file as the round left it; a scheduled round lets every
         job bring the next one forward again."""
         if scheduled:
             self._woken.clear()
+            self._early = 0
+        else:
+            self._early += 1
         jobs = sorted(self.profiling_jobs())[:MAX_WATCHED]
         self._armed = {
-            sia_id: (uid, self.version(self.jobs_dir, sia_id, uid)) for sia_id, uid in jobs
+            sia_id: (uid, step, self.version(self.jobs_dir, sia_id, uid))
+            for sia_id, uid, step in jobs
         }
 
     def due(self) -> bool:
         """Whether a job wrote its measurement since the last round and may bring the next
-        round forward (then it may not again until a scheduled round has run)."""
-        if len(self._woken) >= MAX_EARLY_PER_PERIOD:
+        round forward (then it may not again at the same step of its profiling until a
+        scheduled round has run)."""
+        if self._early >= MAX_EARLY_PER_PERIOD:
             return False
-        for sia_id, (uid, seen) in self._armed.items():
-            if sia_id in self._woken:
+        for sia_id, (uid, step, seen) in self._armed.items():
+            if (sia_id, step) in self._woken:
                 continue
             now = self.version(self.jobs_dir, sia_id, uid)
             if now is not None and now != seen:
-                self._woken.add(sia_id)
+                self._woken.add((sia_id, step))
                 logger.info("job %s wrote a profiling measurement: a round now", sia_id)
                 return True
         return False

@@ -115,10 +115,11 @@ def run_service(
         )
 
 
-def _profiling_jobs(controller: Controller) -> list[tuple[str, int]]:
-    """The jobs the controller is profiling, with their users' uids (from Slurm)."""
+def _profiling_jobs(controller: Controller) -> list[tuple[str, int, int]]:
+    """The jobs the controller is profiling, with their users' uids (from Slurm) and the
+    number of GPU types each has left to measure."""
     return [
-        (sia_id, record.spec.owner_uid)
+        (sia_id, record.spec.owner_uid, len(record.profile_left))
         for sia_id, record in controller.jobs.items()
         if record.profiling is not None and record.spec.owner_uid is not None
     ]

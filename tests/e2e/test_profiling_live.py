@@ -12,6 +12,7 @@ profile; a hostile profile document is refused while the other jobs go on.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from sia_slurm_dev import DEFAULT_SPEC, DevClusterSpec, controller_config  # noqa: E402
 from tests.e2e.test_controller_live import (  # noqa: E402
     SEED_PROFILE,
     Site,
@@ -245,3 +247,52 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     )
     site.round()
     assert site.job_phases()[sia_id] == "done"
+
+
+def test_the_loop_moves_a_profiling_job_as_soon_as_it_has_measured(site: Site) -> None:
+    """The controller's loop (systemd's way, as the service account) with rounds an hour
+    apart: the job starts at the loop's first round, and each measurement it writes brings
+    the next round forward (sia_slurm/service/early.py), so it moves to its next type within
+    seconds, not an hour. The types go slowest first (t4, rtx, a100 on the dev cluster: the
+    shipped profiles' ranking), so profiling ends on the A100s."""
+    config = controller_config(
+        DevClusterSpec.parse(DEFAULT_SPEC),
+        site.paths.state_dir,
+        round_seconds=3600,
+        policy_params={"lambda_a": 0.01},
+        checkpoint_timeout_s=30,
+    )
+    site.config_path.write_text(config)
+    slurm_id = submit(site, "early", "earlynet")
+    loop = subprocess.Popen(
+        site.loop_argv(), env=site.env(), cwd=site.root,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for count in (1, 2, 3):
+            wait_for(
+                lambda c=count: len(site.events("early", "profiled")) >= c,
+                f"measurement {count}",
+                timeout_s=240,
+                diagnose=lambda: site.diagnosis("early"),
+            )
+            if count < 3:
+                wait_for(
+                    lambda c=count: len(site.events("early", "start")) > c,
+                    f"the move after measurement {count}",
+                    timeout_s=240,
+                    diagnose=lambda: site.diagnosis("early"),
+                )
+        starts = site.events("early", "start")
+        measured = site.events("early", "profiled")
+        assert [e["gpu_type"] for e in measured] == ["t4", "rtx", "a100"], measured
+        for before, after in zip(measured[:2], starts[1:3], strict=True):
+            assert after["time"] - before["time"] < 120, (before, after)  # not the hour
+        log = site.log_path.read_text()
+        assert "job early wrote a profiling measurement: a round now" in log
+        site.finish("early")
+        site.wait_slurm_state(slurm_id, "COMPLETED")
+    finally:
+        loop.send_signal(signal.SIGTERM)
+        loop.wait(timeout=120)
+    assert loop.returncode == 0

@@ -46,25 +46,28 @@ def test_the_version_is_the_files_write_and_nothing_outside_the_users_directory(
     assert measurement_version(jobs, "b", uid) is None  # a link is never followed
 
 
-def test_a_new_measurement_is_due_once_per_job_until_a_scheduled_round(tmp_path: Path) -> None:
+def test_a_new_measurement_is_due_once_per_step_of_a_jobs_profiling(tmp_path: Path) -> None:
+    """A job brings one round forward per step of its profiling (the types it has left): a
+    rewrite that moved it no further (nothing new measured, or refused) waits for the
+    scheduled round."""
     jobs = tmp_path / "jobs"
     dirs = {name: _job_dir(jobs, name) for name in ("a", "b")}
-    profiling = [("a", os.getuid()), ("b", os.getuid())]
-    watch = MeasurementWatch(jobs, lambda: profiling)
+    left = {"a": 3, "b": 3}
+    watch = MeasurementWatch(jobs, lambda: [(n, os.getuid(), left[n]) for n in ("a", "b")])
     watch.after_round(scheduled=True)
     assert not watch.due()
     _write(dirs["a"])
     assert watch.due()
-    watch.after_round(scheduled=False)  # the early round
-    _write(dirs["a"], "{ }")  # rewritten at once: no second early round for a
+    left["a"] = 2  # the early round took a's first type
+    watch.after_round(scheduled=False)
+    _write(dirs["a"], "{ }")  # its second type, measured: a round forward again
+    assert watch.due()
+    watch.after_round(scheduled=False)  # ... but this measurement was refused: still 2 left
+    _write(dirs["a"], "{  }")
     assert not watch.due()
     _write(dirs["b"])
     assert watch.due()  # b's first
-    watch.after_round(scheduled=False)
-    _write(dirs["a"], "{  }")
-    _write(dirs["b"], "{ }")
-    assert not watch.due()
-    watch.after_round(scheduled=True)  # a scheduled round: each may bring one forward again
+    watch.after_round(scheduled=True)  # a scheduled round: every step may wake one again
     _write(dirs["a"], "{   }")
     assert watch.due()
 
@@ -73,7 +76,7 @@ def test_early_rounds_between_two_scheduled_ones_are_bounded(tmp_path: Path) -> 
     jobs = tmp_path / "jobs"
     names = [f"j{i}" for i in range(MAX_EARLY_PER_PERIOD + 2)]
     dirs = {name: _job_dir(jobs, name) for name in names}
-    watch = MeasurementWatch(jobs, lambda: [(n, os.getuid()) for n in names])
+    watch = MeasurementWatch(jobs, lambda: [(n, os.getuid(), 3) for n in names])
     watch.after_round(scheduled=True)
     early = 0
     for name in names:
