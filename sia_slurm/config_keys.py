@@ -175,8 +175,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "policy.growth_factor",
         "number >= 1 or null",
-        2.0,
-        "A job may run on at most this multiple of the most GPUs it has run on (null: no cap).",
+        4.0,
+        "A job may run on at most this multiple of the most GPUs it has run on (null: no cap; "
+        "the paper's 2 in `sia-paper`).",
         "sia",
     ),
     ConfigKey(
@@ -219,6 +220,15 @@ KEYS: tuple[ConfigKey, ...] = (
         False,
         "The restart factor also discounts a job that holds no GPUs (the paper's rule: a job "
         "requeued or stopped counts its restarts against every start).",
+        "sia",
+    ),
+    ConfigKey(
+        "policy.charge_requeues",
+        "true or false",
+        False,
+        "The restart factor also counts the restarts the cluster made on its own (Slurm "
+        "requeued the job after a node failure or a preemption), not only those the "
+        "controller asked for (the paper's rule counts every restart).",
         "sia",
     ),
     ConfigKey(
@@ -358,7 +368,12 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
 )
 # The paper's Sia (`policy.name: sia-paper`) takes Sia's keys, with its own defaults.
-_SIA_PAPER_DEFAULTS = {"charge_waiting": True, "repair_placement": False}
+_SIA_PAPER_DEFAULTS = {
+    "growth_factor": 2.0,
+    "charge_waiting": True,
+    "charge_requeues": True,
+    "repair_placement": False,
+}
 KEYS += tuple(
     replace(key, policy="sia-paper", default=_SIA_PAPER_DEFAULTS.get(key.name, key.default))
     for key in KEYS

@@ -35,6 +35,7 @@ from sia_slurm.policy.sia import (
     ConfigIndex,
     SiaPolicyConfig,
     candidate_configs,
+    charged_restarts,
     column_costs,
 )
 from sia_slurm.service import ServiceError, open_controller
@@ -167,9 +168,12 @@ def explain(
 
 def _explain_row(view: JobView, cluster: ClusterView, sia: SiaPolicyConfig) -> None:
     cost_s = sia.default_restart_cost if view.restart_cost is None else view.restart_cost
-    factor = restart_factor(view.age, view.restarts, cost_s)
+    charged = charged_restarts(view, sia)
+    factor = restart_factor(view.age, charged, cost_s)
+    uncharged = view.restarts - charged
+    spared = f", {uncharged} more by the cluster on its own, not counted" if uncharged else ""
     echo_printable(
-        f"restart factor r = {factor:.3f} (age {view.age:.0f} s, {view.restarts} restarts, "
+        f"restart factor r = {factor:.3f} (age {view.age:.0f} s, {charged} restarts{spared}, "
         f"S = {cost_s:g} s); applied to every configuration but the current one"
     )
     upper = "no limit" if view.max_gpus is None else str(view.max_gpus)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -167,6 +167,7 @@ class Controller:
         actions, decisions = self._diff(live, decided.allocation, decided.placement)
         if self.profiler is not None:
             self.profiler.assigned(actions, self.jobs)
+        self._count_restarts(actions)
         decisions = [self._with_profiling(d) for d in decisions]
         decisions += [_decision(job, "wait", "-", None, note) for job, note in waiting]
         decisions += [
@@ -430,6 +431,13 @@ class Controller:
         if snapshot.site is None:
             return ()
         return snapshot.site.limits(_owner(job) for job in live)
+
+    def _count_restarts(self, actions: Sequence[Action]) -> None:
+        """Count the restarts this round asks for (moves and stops of jobs past profiling)."""
+        for action in actions:
+            record = self.jobs.get(action.sia_id)
+            if isinstance(action, Move | Stop) and record is not None and not record.profiling:
+                record.chosen_restarts += 1
 
     def _view(self, job: JobSnapshot, now: float) -> JobView:
         holds = job.phase.holds_gpus

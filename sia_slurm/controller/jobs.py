@@ -110,6 +110,11 @@ class JobRecord:
     # The restarts its profiling took (one per GPU type): not charged by Sia's restart factor
     # afterwards, as they are not while it profiles
     profiling_restarts: int = 0
+    # The restarts this controller asked for after its profiling (each move, each stop: a stop
+    # restarts the job when it is started again): the others the cluster made on its own (a
+    # node failure, a preemption), which Sia need not charge (JobView.requeues). Counted when
+    # decided, so an action Slurm then refused counts too: the count errs towards charging.
+    chosen_restarts: int = 0
 
     def view(
         self,
@@ -154,6 +159,7 @@ class JobRecord:
             age=max(now - spec.submit_time, 0.0),
             submit_time=spec.submit_time,
             restarts=max(restarts - self.profiling_restarts, 0),
+            requeues=max(restarts - self.profiling_restarts - self.chosen_restarts, 0),
             restart_cost=spec.restart_cost,
             current=current,
             placement=placement,

@@ -114,6 +114,9 @@ class JobView:
     age: float = 0.0
     submit_time: float = 0.0
     restarts: int = 0
+    # Of ``restarts``, those the cluster made on its own (Slurm requeued the job after a node
+    # failure or a preemption), not asked for by the controller.
+    requeues: int = 0
     restart_cost: float | None = (
         None  # S in seconds (sia-sbatch --restart-cost); None: the policy's
     )

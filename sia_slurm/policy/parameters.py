@@ -48,6 +48,9 @@ class SiaPolicyConfig:
     # charge_waiting: the restart factor discounts a job that holds no GPUs too (the paper's
     # rule: a job Slurm requeued, or one stopped, counts its restarts against every start).
     charge_waiting: bool = False
+    # charge_requeues: the restart factor counts the restarts the cluster made on its own too
+    # (JobView.requeues: Slurm requeued the job after a node failure or a preemption).
+    charge_requeues: bool = False
     # repair_placement: an allocation placement cannot honour falls back, in the same round, to
     # the job's best other configuration that fits (its current one first where it runs).
     repair_placement: bool = True
@@ -64,6 +67,7 @@ class SiaPaperPolicyConfig(SiaPolicyConfig):
 
     growth_factor: float | None = 2.0
     charge_waiting: bool = True
+    charge_requeues: bool = True
     repair_placement: bool = False
 
 

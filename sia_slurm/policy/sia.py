@@ -113,6 +113,16 @@ class ConfigIndex:
         return table.get(config)
 
 
+def charged_restarts(job: JobView, config: SiaPolicyConfig) -> int:
+    """The restarts Sia's restart factor counts against ``job``: every one (the paper's), or
+    only those the controller asked for (``charge_requeues: false``): a job Slurm requeued for
+    a node failure or a preemption did not choose that restart, and charging it made the job
+    wait or stay put beside GPUs it could use."""
+    if config.charge_requeues:
+        return job.restarts
+    return max(job.restarts - job.requeues, 0)
+
+
 def candidate_configs(
     job: JobView, cluster: ClusterView, index: ConfigIndex, config: SiaPolicyConfig
 ) -> tuple[tuple[Configuration, ...], bool, int | None]:
@@ -206,7 +216,7 @@ def column_costs(
         [
             restart_factor(
                 job.age,
-                job.restarts,
+                charged_restarts(job, config),
                 config.default_restart_cost if job.restart_cost is None else job.restart_cost,
             )
             if current is not None or config.charge_waiting

@@ -60,6 +60,7 @@ from sia_slurm.state.memory import (
     JobMemory,
     RestoreNote,
     SavedAllocation,
+    chosen_restarts,
     controller_row,
     load_pickle,
     log_restore_notes,
@@ -92,6 +93,7 @@ def memory_of(controller: Controller) -> ControllerMemory:
                 profiling_restarts=record.profiling_restarts,
                 pace=None if record.pace is None else record.pace.to_json(),
                 distrusted=record.distrusted,
+                chosen_restarts=record.chosen_restarts,
             )
             for sia_id, record in controller.jobs.items()
         },
@@ -186,6 +188,7 @@ def load_memory(
             notes.append(RestoreNote(f"job {job.sia_id}", str(exc)))
             continue
         record.profiling_restarts = profiling_restarts(store, job.sia_id)
+        record.chosen_restarts = chosen_restarts(store, job.sia_id)
         record.max_gpus_seen = job.max_gpus_seen
         record.reports = job.reports_seen
         if job.last_report_time is not None:

@@ -17,7 +17,9 @@ What is kept, and how:
   the restarts its profiling took, under ``profiling_restarts:<sia id>``;
 * per job whose reports are being checked: the first report taken on its shape (the pace check
   of :mod:`sia_slurm.controller.reports`) and why it is distrusted, under ``pace:<sia id>``
-  (a release that knows no such key ignores it, and checks from the next report);
+  (a release that knows no such key ignores it, and checks from the next report), and the
+  restarts the controller asked of it, under ``chosen_restarts:<sia id>`` (Sia need not charge
+  the others, docs/concepts/restart-factor.md);
 * the previous :class:`~sia_slurm.policy.base.Allocation`, including the policy's own ``state``,
   in ``controller.allocation`` with the memory format, the sia-slurm version and the policy
   name. Format 3 (:data:`MEMORY_FORMAT`) is a documented JSON document
@@ -73,6 +75,7 @@ USAGE_KEY = "usage"  # meta key of the usage ledger
 PROFILING_RESTARTS_KEY = "profiling_restarts:"  # + sia id: the restarts its profiling took
 PROFILINGS_KEY = "profilings"  # meta key of the profilings under way (controller/profiling.py)
 PROFILE_KEY = "profile_document:"  # + sia id: a remembered job's own profile document
+CHOSEN_RESTARTS_KEY = "chosen_restarts:"  # + sia id: the restarts the controller asked for
 PACE_KEY = "pace:"  # + sia id: {"pace": first report on its shape or None, "distrusted": why}
 
 _SAFE_BUILTINS = frozenset(
@@ -101,6 +104,7 @@ class JobMemory:
     profiling_restarts: int
     pace: Any = None  # the pace check's first report on the job's shape, as JSON (None: none)
     distrusted: str = ""  # why its last report was a lie ("" when believed)
+    chosen_restarts: int = 0  # the restarts the controller asked for after profiling
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,11 @@ def write_memory(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                 (PROFILING_RESTARTS_KEY + sia_id, json.dumps(job.profiling_restarts)),
             )
+        if job.chosen_restarts:
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                (CHOSEN_RESTARTS_KEY + sia_id, json.dumps(job.chosen_restarts)),
+            )
         if job.pace is not None or job.distrusted:  # changes round by round
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -197,7 +206,7 @@ def write_memory(
             )
         else:
             conn.execute("DELETE FROM meta WHERE key = ?", (PACE_KEY + sia_id,))
-    for key in (PROFILE_KEY, PROFILING_RESTARTS_KEY, PACE_KEY):
+    for key in (PROFILE_KEY, PROFILING_RESTARTS_KEY, PACE_KEY, CHOSEN_RESTARTS_KEY):
         conn.execute(
             "DELETE FROM meta WHERE key LIKE ? AND substr(key, ?) NOT IN "
             "(SELECT sia_id FROM jobs WHERE remembered = 1)",
@@ -254,6 +263,13 @@ def profile_document(store: Store, sia_id: str) -> Any:
 def profiling_restarts(store: Store, sia_id: str) -> int:
     """The restarts job ``sia_id``'s profiling took (0: none, or still profiling)."""
     return int(store.meta(PROFILING_RESTARTS_KEY + sia_id, 0) or 0)
+
+
+def chosen_restarts(store: Store, sia_id: str) -> int:
+    """The restarts the controller asked of job ``sia_id`` after its profiling (0: none, or
+    a database older than the count: every restart is then charged as before)."""
+    value = store.meta(CHOSEN_RESTARTS_KEY + sia_id, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def saved_pace(store: Store, sia_id: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -323,6 +324,24 @@ def test_a_job_without_gpus_is_not_charged_its_restarts_unless_the_paper_says_so
     paper = SiaPaperPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
     assert solve(cluster, [waiting], paper).jobs == {}
     assert configs_of(solve(cluster, [waiting])) == {"w": Configuration("A", 1, 4)}
+
+
+def test_a_running_job_is_charged_only_the_restarts_the_controller_asked_for():
+    """A job on 1 GPU of A that Slurm requeued four times on its own (node failures) in 150 s
+    (S = 30 s): counting them, its restart factor is 0 and it stays on its one GPU beside
+    three free ones (the paper's Sia, ``charge_requeues``); sia counts only the restarts it
+    asked for (none) and grows it."""
+    cluster = make_cluster([("A", 1, 4)])
+    estimator = TableEstimator(per_type={"A": {1: 1.0, 2: 1.9, 4: 3.6}})
+    requeued = job(
+        "r", estimator, current=Configuration("A", 1, 1), placement=(), age=150,
+        restart_cost=30, restarts=4, requeues=4,
+    )  # fmt: skip
+    paper = SiaPaperPolicyConfig(growth_factor=None, mip_rel_gap=0.0, accept_gap=0.0)
+    assert configs_of(solve(cluster, [requeued], paper)) == {"r": Configuration("A", 1, 1)}
+    assert configs_of(solve(cluster, [requeued])) == {"r": Configuration("A", 1, 4)}
+    chosen = replace(requeued, requeues=0)  # the same restarts, asked for: charged by both
+    assert configs_of(solve(cluster, [chosen])) == {"r": Configuration("A", 1, 1)}
 
 
 def test_fallbacks_put_the_current_configuration_first_then_smaller_ones_of_its_type():

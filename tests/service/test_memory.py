@@ -334,3 +334,29 @@ def test_the_pace_check_and_a_liars_hold_survive_every_round_in_a_new_process(
     restored, notes = load_memory(store, make_policy("sia"), "sia", factory)
     assert [n.what for n in notes] == ["job j's pace check"]
     assert restored.jobs["j"].pace is None and "j" in restored.jobs
+
+
+def test_the_restarts_the_controller_asked_for_are_counted_and_survive_a_restart(
+    factory: EstimatorFactory, store: Store
+) -> None:
+    """The controller counts each move and stop it decides; the snapshot's restarts beyond
+    those are the cluster's own (requeues), which sia does not charge; the count is kept."""
+    spec = JobSpec("j", "cifar10", min_gpus=1, max_gpus=4, restart_cost=1.0)
+    controller = Controller(make_policy("sia"), factory)
+    first = controller.round(ClusterSnapshot(0.0, NODES, (JobSnapshot(spec, JobPhase.PENDING),)))
+    (start,) = first.actions
+    on = JobSnapshot(
+        spec, JobPhase.RUNNING, config=start.config, placement=start.placement,  # type: ignore[attr-defined]
+        batch=start.batch,  # type: ignore[attr-defined]
+    )  # fmt: skip
+    grown = controller.round(ClusterSnapshot(600.0, NODES, (on,)))
+    assert [type(a).__name__ for a in grown.actions] == ["Move"]
+    record = controller.jobs["j"]
+    assert record.chosen_restarts == 1
+    view = record.view(now=900.0, restarts=3, current=None, placement=(), restoring=False)
+    assert (view.restarts, view.requeues) == (3, 2)  # Slurm requeued it twice on its own
+    with store.transaction():
+        store.record_jobs(ClusterSnapshot(600.0, NODES, (on,)))
+        save_memory(store, controller, "sia", [], grown.round_index, 600.0)
+    restored, notes = load_memory(store, make_policy("sia"), "sia", factory)
+    assert notes == [] and restored.jobs["j"].chosen_restarts == 1
