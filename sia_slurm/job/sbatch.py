@@ -32,7 +32,6 @@ import click
 import sia_slurm
 from sia_slurm import __version__
 from sia_slurm.clicommon import CONTEXT_SETTINGS, single_threaded_blas
-from sia_slurm.core import JobKind
 from sia_slurm.job.settings import (
     ConfigError,
     JobSiteSettings,
@@ -51,6 +50,7 @@ from sia_slurm.model.profile import (
 from sia_slurm.model.profile_json import profile_to_json
 from sia_slurm.protocol import (
     MAX_FAILURES,
+    JobKind,
     JobSpec,
     ProtocolError,
     StatePaths,

@@ -54,10 +54,6 @@ ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
         "the controller's config loader, so a bad sia.yaml is reported the same everywhere",
         (LOADER,),
     ),
-    "sia_slurm.core": (
-        "JobKind: sia-sbatch --kind and what it lets the scheduler change",
-        ("sia_slurm/job/sbatch.py",),
-    ),
     "sia_slurm.model.profile": (
         "the throughput profiles of --app/--profile (batch limits, a job's seed profile)",
         ANY,
