@@ -45,6 +45,10 @@ ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm.protocol": ("the job/controller protocol: the files both sides read and write", ANY),
     "sia_slurm.safefiles": ("atomic, bounded writes and reads of those files and checkpoints", ANY),
     "sia_slurm.slurm.runner": ("running sbatch, scontrol and sacct as subprocesses", ANY),
+    "sia_slurm.slurm.records": (
+        "parse_records of scontrol -o show job/node: did Slurm end this run",
+        ("sia_slurm/job/runs.py",),
+    ),
     "sia_slurm.clicommon": (
         "click's -h/--help and OPENBLAS_NUM_THREADS=1, shared with the controller's CLI",
         ("sia_slurm/job/launch.py", "sia_slurm/job/sbatch.py"),
@@ -65,10 +69,6 @@ ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm.model.observation": (
         "the measured step times a profiling run turns into a profile",
         ("sia_slurm/job/elastic/job_profiling.py",),
-    ),
-    "sia_slurm.slurm.observe.inventory": (
-        "parse_records of scontrol -o show job/node: did Slurm end this run",
-        ("sia_slurm/job/runs.py",),
     ),
     "sia_slurm.model.efficiency": (
         "the emulated example reports gradient statistics as a real job would",
