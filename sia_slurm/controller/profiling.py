@@ -29,15 +29,16 @@ from typing import Any, Protocol
 
 from sia_slurm.cluster import Action, JobSnapshot, Move, Start
 from sia_slurm.controller.jobs import EstimatorFactory, JobRecord
-from sia_slurm.model import JobGoodputEstimator, Observation
+from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.model.batch import BatchLimits
-from sia_slurm.model.profile_json import (
+from sia_slurm.model.type_speeds import profile_speed_factors
+from sia_slurm.protocol import MAX_SWEEP, PROFILED_FILE, JobSpec, ProtocolError
+from sia_slurm.protocol.observation import Observation
+from sia_slurm.protocol.profile_json import (
     PROFILE_FORMAT,
     measured_problems,
     profile_from_json,
 )
-from sia_slurm.model.type_speeds import profile_speed_factors
-from sia_slurm.protocol import MAX_SWEEP, PROFILED_FILE, JobSpec, ProtocolError
 
 # A profiling job's per-GPU batches: powers of two from the smallest useful one (M0 over this)
 # up to its largest batch; the job stops at the first that does not fit.

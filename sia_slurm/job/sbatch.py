@@ -38,16 +38,6 @@ from sia_slurm.job.settings import (
     load_job_settings,
     resolve_config_path,
 )
-from sia_slurm.model.profile import (
-    GPU_TYPES_FILE,
-    AppProfile,
-    ProfileError,
-    default_profiles_dir,
-    load_app_profile,
-    load_gpu_types,
-    load_profiles,
-)
-from sia_slurm.model.profile_json import profile_to_json
 from sia_slurm.protocol import (
     MAX_FAILURES,
     JobKind,
@@ -57,6 +47,16 @@ from sia_slurm.protocol import (
     check_sia_id,
     write_document,
 )
+from sia_slurm.protocol.profile import (
+    GPU_TYPES_FILE,
+    AppProfile,
+    ProfileError,
+    default_profiles_dir,
+    load_app_profile,
+    load_gpu_types,
+    load_profiles,
+)
+from sia_slurm.protocol.profile_json import profile_to_json
 from sia_slurm.safefiles import (
     MAX_FILE_BYTES,
     chmod_dir,

@@ -186,12 +186,12 @@ class MetricsReport:
 
     ``step_time`` is the mean time of a synchronising micro-batch and ``sync_time`` the part of
     it spent in the gradient all-reduce after compute (so ``0 <= sync_time < step_time``), the
-    meaning :class:`sia_slurm.model.Observation` takes. ``grad_sqr`` / ``grad_var`` are the
-    gradient noise statistics normalised to M0. ``steps`` counts optimizer steps since the job
-    first started; ``time`` is when the report was written (seconds since the epoch, or the
-    simulated clock). ``slurm_job_id`` and ``slurm_restart_count`` name the Slurm run that
-    wrote it: the controller takes a report only from the job's current run, so a report left
-    by the run before a restart never makes a restarted job look RUNNING.
+    meaning :class:`~sia_slurm.protocol.observation.Observation` takes. ``grad_sqr`` /
+    ``grad_var`` are the gradient noise statistics normalised to M0. ``steps`` counts optimizer
+    steps since the job first started; ``time`` is when the report was written (seconds since
+    the epoch, or the simulated clock). ``slurm_job_id`` and ``slurm_restart_count`` name the
+    Slurm run that wrote it: the controller takes a report only from the job's current run, so
+    a report left by the run before a restart never makes a restarted job look RUNNING.
     """
 
     sia_id: str

@@ -20,11 +20,11 @@ from sia_slurm.controller.profiling import (
 )
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
-from sia_slurm.model import load_profiles
-from sia_slurm.model.profile_json import PROFILE_FORMAT
 from sia_slurm.policy.base import NodeShare, NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec
+from sia_slurm.protocol.profile import load_profiles
+from sia_slurm.protocol.profile_json import PROFILE_FORMAT
 
 NODES = (NodeView("t4-1", "t4", 4, 4), NodeView("a100-1", "a100", 4, 4))
 ALIASES = {"a100": "dgx"}

@@ -43,6 +43,18 @@ LOADER = "sia_slurm/job/settings.py"  # the one module that reads the config fil
 ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm": ("__version__ for --version of sia-sbatch and sia-launch", ANY),
     "sia_slurm.protocol": ("the job/controller protocol: the files both sides read and write", ANY),
+    "sia_slurm.protocol.profile": (
+        "the protocol's throughput profiles of --app/--profile (batch limits, a job's seed)",
+        ANY,
+    ),
+    "sia_slurm.protocol.profile_json": (
+        "the protocol's profile.json and profiled.json, a job's profile for the controller",
+        ("sia_slurm/job/sbatch.py", "sia_slurm/job/elastic/job_profiling.py"),
+    ),
+    "sia_slurm.protocol.observation": (
+        "the protocol's measured step, what a profiling run's points are",
+        ("sia_slurm/job/elastic/job_profiling.py",),
+    ),
     "sia_slurm.safefiles": ("atomic, bounded writes and reads of those files and checkpoints", ANY),
     "sia_slurm.slurm.runner": ("running sbatch, scontrol and sacct as subprocesses", ANY),
     "sia_slurm.slurm.records": (
@@ -57,18 +69,6 @@ ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm.config": (
         "the controller's config loader, so a bad sia.yaml is reported the same everywhere",
         (LOADER,),
-    ),
-    "sia_slurm.model.profile": (
-        "the throughput profiles of --app/--profile (batch limits, a job's seed profile)",
-        ANY,
-    ),
-    "sia_slurm.model.profile_json": (
-        "profile.json, the copy of a job's profile the controller reads",
-        ("sia_slurm/job/sbatch.py", "sia_slurm/job/elastic/job_profiling.py"),
-    ),
-    "sia_slurm.model.observation": (
-        "the measured step times a profiling run turns into a profile",
-        ("sia_slurm/job/elastic/job_profiling.py",),
     ),
     "sia_slurm.model.efficiency": (
         "the emulated example reports gradient statistics as a real job would",
