@@ -12,12 +12,12 @@ import pytest
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Move, Start
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.controller.profiling import (
-    MAX_REFUSALS,
     MemoryProfileBook,
     Profiler,
     profile_sweep,
     profiling_limits,
 )
+from sia_slurm.controller.profiling_state import MAX_REFUSALS
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare, NodeView
