@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sia_slurm.cluster import ClusterSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
-from sia_slurm.model import load_profiles
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport
+from sia_slurm.protocol.profile import load_profiles
 from tests.service.fakes import FakeCluster
 
 Lie = Callable[[MetricsReport], MetricsReport]

@@ -24,7 +24,7 @@ from sia_slurm.core import Configuration
 from sia_slurm.model.efficiency import GradientStats
 from sia_slurm.model.estimator import JobGoodputEstimator, evaluate_jobs
 from sia_slurm.model.fit import Observation, fit_observations
-from sia_slurm.model.profile import load_profiles, read_trace_points
+from sia_slurm.protocol.profile import load_profiles, read_trace_points
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_JOBS = 1000

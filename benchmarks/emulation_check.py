@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sia_slurm.config import load_config
-from sia_slurm.model.profile import (
+from sia_slurm.protocol import MetricsReport, StatePaths
+from sia_slurm.protocol.profile import (
     GPU_TYPES_FILE,
     AppProfile,
     default_profiles_dir,
     load_app_profile,
     load_gpu_types,
 )
-from sia_slurm.protocol import MetricsReport, StatePaths
 from sia_slurm.report.from_db import (  # the dashboard's own readers: the same reports it shows
     _last_report,
     _stored_reports,

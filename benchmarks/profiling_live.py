@@ -38,8 +38,8 @@ from sia_slurm.cli.report_cmd import gpu_history
 from sia_slurm.controller import EstimatorFactory
 from sia_slurm.controller.reports import iteration_time
 from sia_slurm.core import Configuration
-from sia_slurm.model import load_profiles
 from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, from_json
+from sia_slurm.protocol.profile import load_profiles
 from sia_slurm.report import report_from_db
 from sia_slurm.state.profiles import ProfileStore
 from sia_slurm.state.tree import set_up

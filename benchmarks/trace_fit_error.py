@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from sia_slurm.model.fit import Observation, fit_observations
-from sia_slurm.model.profile import read_trace_points
 from sia_slurm.model.throughput import ThroughputParams, sync_time
+from sia_slurm.protocol.profile import read_trace_points
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
+from sia_slurm.slurm.records import parse_records  # noqa: E402
 from sia_slurm_dev.roots import mounts_under  # noqa: E402
 from sia_slurm_dev.slurm_conf import (  # noqa: E402
     ClusterLayout,

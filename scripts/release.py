@@ -54,7 +54,7 @@ JOB_PACKAGE = "sia_slurm.job"
 ALIAS_PACKAGE = "launcher"
 PACKAGES = ("sia_slurm", JOB_PACKAGE, ALIAS_PACKAGE)
 PROGRAMS = ("sia-slurm", "sia-sbatch", "sia-launch")
-# pyproject.toml's data-files put profiles/ here in the wheel (sia_slurm.model.profile).
+# pyproject.toml's data-files put profiles/ here in the wheel (sia_slurm.protocol.profile).
 PROFILES_DIR = "profiles"
 INSTALLED_PROFILES = "share/sia-slurm/profiles"
 VERSION_LINE = re.compile(r'^__version__ = "([^"]+)"$', re.M)

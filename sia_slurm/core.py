@@ -9,17 +9,30 @@ throughput x statistical efficiency. The cluster's own words live here too (:cla
 :class:`NodeShare`), so the cluster interface, the Slurm backend and the state store name a node
 without importing the policies; so does the controller's :class:`Decision` about a job (re-exported
 by :mod:`sia_slurm.controller`), so the state store records and reads decisions without importing
-the controller.
+the controller. :class:`JobKind` is a field of a job's ``spec.json``: the protocol defines it
+(:mod:`sia_slurm.protocol.documents`, which imports nothing of this module), and it is
+re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
+
+from sia_slurm.protocol.documents import JobKind
+
+__all__ = [
+    "Configuration",
+    "Decision",
+    "GoodputEstimator",
+    "GoodputRow",
+    "JobKind",
+    "NodeShare",
+    "NodeView",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -38,15 +51,6 @@ class Configuration:
 
     def __str__(self) -> str:
         return f"{self.gpu_type}:{self.nodes}x{self.gpus}"
-
-
-class JobKind(StrEnum):
-    """What the scheduler may change about a job (reference section 4, "Job kinds")."""
-
-    ADAPTIVE = "adaptive"  # GPU type, GPU count and batch size
-    STRONG_SCALING = "strong-scaling"  # GPU type and count; batch size fixed
-    RIGID = "rigid"  # GPU type only; count and batch size fixed
-    PINNED = "pinned"  # nothing: fixed type and count, non-preemptible
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ def test_config_path_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_yaml_aliases_are_refused_everywhere(tmp_path: Path) -> None:
     """A billion laughs in nine lines: an alias is refused before anything expands it, in a
     config, a profile's app.yaml and an accounts spec (issue 35)."""
-    from sia_slurm.model.profile import ProfileError, load_app_profile, load_profiles
+    from sia_slurm.protocol.profile import ProfileError, load_app_profile, load_profiles
     from sia_slurm.yamlsource import parse_yaml
 
     laughs = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.records import parse_records
 from sia_slurm_dev import DevCluster, DevClusterError, DevClusterSpec
 from sia_slurm_dev.lifecycle import (
     _registered,

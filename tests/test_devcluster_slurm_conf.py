@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
 from sia_slurm.config import parse_config
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.records import parse_records
 from sia_slurm_dev import DevClusterSpec, NodeGroupSpec, controller_config
 from sia_slurm_dev.access import Account, untraversable
 from sia_slurm_dev.chroot import ChrootError, HostPrograms

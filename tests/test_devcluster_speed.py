@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.model.profile import load_profiles
 from sia_slurm.model.type_speeds import best_one_gpu_throughput, profile_speed_factors
+from sia_slurm.protocol.profile import load_profiles
 from sia_slurm_dev.slurm_conf import (
     ClusterLayout,
     render_slurm_conf,
@@ -124,7 +124,7 @@ def test_slurm_conf_names_the_task_prolog(tmp_path: Path) -> None:
 def test_up_without_profiles_says_so_as_a_dev_cluster_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sia_slurm.model.profile import ProfileError
+    from sia_slurm.protocol.profile import ProfileError
     from sia_slurm_dev import lifecycle
 
     def missing(*_: object) -> dict[str, str]:

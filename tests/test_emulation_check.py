@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.emulation_check import StepCheck, profile_step_time
-from sia_slurm.model.profile import (
+from sia_slurm.protocol.profile import (
     GPU_TYPES_FILE,
     default_profiles_dir,
     load_app_profile,

@@ -37,8 +37,6 @@ from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.controller.decide import Decision, RoundOutcome
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration, JobKind
-from sia_slurm.model import AppProfile, load_profiles
-from sia_slurm.model.profile_json import profile_from_json, profile_to_json
 from sia_slurm.policy.base import NodeShare, NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import (
@@ -72,6 +70,8 @@ from sia_slurm.protocol import (
     refusal_name,
     to_json,
 )
+from sia_slurm.protocol.profile import AppProfile, load_profiles
+from sia_slurm.protocol.profile_json import profile_from_json, profile_to_json
 from sia_slurm.safefiles import MAX_FILE_BYTES, MAX_ITEMS, MAX_STRING_CHARS, parse_json
 from sia_slurm.service.summary import record_round
 from sia_slurm.slurm.backend import SlurmBackend

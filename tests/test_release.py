@@ -301,7 +301,7 @@ def test_the_wheel_installs_offline_and_its_programs_print_its_version(
         assert done.stdout == f"{program}, version {NEXT}\n", done.stderr
     code = (
         "import sia_slurm\n"
-        "from sia_slurm.model.profile import default_profiles_dir, load_profiles\n"
+        "from sia_slurm.protocol.profile import default_profiles_dir, load_profiles\n"
         "print(sia_slurm.__file__)\n"
         "print(default_profiles_dir())\n"
         "print(' '.join(sorted(load_profiles().apps)))\n"

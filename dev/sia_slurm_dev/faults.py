@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sia_slurm.slurm.observe.inventory import parse_nodes, parse_records
+from sia_slurm.slurm.observe.inventory import parse_nodes
+from sia_slurm.slurm.records import parse_records
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner
 from sia_slurm_dev.chroot import SYSTEM, SlurmPrograms
 from sia_slurm_dev.process import (

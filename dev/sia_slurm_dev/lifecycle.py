@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from sia_slurm.model.profile import ProfileError
+from sia_slurm.protocol.profile import ProfileError
 from sia_slurm.safefiles import chmod_dir, chmod_path, chown_path
 from sia_slurm.slurm.observe.inventory import parse_nodes
 from sia_slurm.slurm.runner import CommandError, SubprocessRunner

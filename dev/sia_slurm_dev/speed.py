@@ -31,8 +31,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sia_slurm.model.profile import GpuType, ProfileSet, load_profiles
 from sia_slurm.model.type_speeds import profile_speed_factors
+from sia_slurm.protocol.profile import GpuType, ProfileSet, load_profiles
 from sia_slurm_dev.controller_config import DEFAULT_PROFILES
 from sia_slurm_dev.spec import DEFAULT_SPEC, DevClusterSpec
 

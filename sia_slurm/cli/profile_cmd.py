@@ -13,9 +13,9 @@ from sia_slurm.config import resolve_config_path
 from sia_slurm.core import Configuration
 from sia_slurm.model.efficiency import NO_STATS, GradientStats
 from sia_slurm.model.estimator import JobGoodputEstimator
-from sia_slurm.model.profile import ProfileError, ProfileSet, default_profiles_dir, load_profiles
-from sia_slurm.model.profile_json import profile_from_json
 from sia_slurm.protocol import ProtocolError
+from sia_slurm.protocol.profile import ProfileError, ProfileSet, default_profiles_dir, load_profiles
+from sia_slurm.protocol.profile_json import profile_from_json
 from sia_slurm.state.profiles import KeptProfile, ProfileStore, ProfileStoreError
 
 GROUP_HELP = """\

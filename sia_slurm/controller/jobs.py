@@ -14,15 +14,12 @@ from typing import Any
 from sia_slurm.cluster import JobSnapshot
 from sia_slurm.controller.reports import Pace, clamped_stats, mismatch
 from sia_slurm.core import Configuration, JobKind
-from sia_slurm.model import (
-    AppProfile,
-    JobGoodputEstimator,
-    Observation,
-    ProfileSet,
-)
-from sia_slurm.model.profile_json import PROFILE_FILE, profile_from_json
+from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.base import JobView, NodeShare
 from sia_slurm.protocol import JobSpec, MetricsReport
+from sia_slurm.protocol.observation import Observation
+from sia_slurm.protocol.profile import AppProfile, ProfileSet
+from sia_slurm.protocol.profile_json import PROFILE_FILE, profile_from_json
 
 
 class UnknownAppError(ValueError):

@@ -85,13 +85,6 @@ from sia_slurm.job.settings import (
     load_job_settings,
     resolve_config_path,
 )
-from sia_slurm.model.profile import (
-    GPU_TYPES_FILE,
-    ProfileError,
-    default_profiles_dir,
-    load_app_profile,
-    load_gpu_types,
-)
 from sia_slurm.protocol import (
     Assignment,
     ExitCause,
@@ -102,6 +95,13 @@ from sia_slurm.protocol import (
     exit_name,
     read_document,
     write_document,
+)
+from sia_slurm.protocol.profile import (
+    GPU_TYPES_FILE,
+    ProfileError,
+    default_profiles_dir,
+    load_app_profile,
+    load_gpu_types,
 )
 from sia_slurm.slurm.runner import CommandError, CommandRunner, SubprocessRunner
 

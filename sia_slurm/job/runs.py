@@ -56,7 +56,7 @@ from sia_slurm.protocol import (
     read_document,
 )
 from sia_slurm.safefiles import read_json, write_json_atomic
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.records import parse_records
 from sia_slurm.slurm.runner import CommandError, CommandRunner
 
 logger = logging.getLogger("sia-launch")

@@ -32,14 +32,22 @@ import click
 import sia_slurm
 from sia_slurm import __version__
 from sia_slurm.clicommon import CONTEXT_SETTINGS, single_threaded_blas
-from sia_slurm.core import JobKind
 from sia_slurm.job.settings import (
     ConfigError,
     JobSiteSettings,
     load_job_settings,
     resolve_config_path,
 )
-from sia_slurm.model.profile import (
+from sia_slurm.protocol import (
+    MAX_FAILURES,
+    JobKind,
+    JobSpec,
+    ProtocolError,
+    StatePaths,
+    check_sia_id,
+    write_document,
+)
+from sia_slurm.protocol.profile import (
     GPU_TYPES_FILE,
     AppProfile,
     ProfileError,
@@ -48,15 +56,7 @@ from sia_slurm.model.profile import (
     load_gpu_types,
     load_profiles,
 )
-from sia_slurm.model.profile_json import profile_to_json
-from sia_slurm.protocol import (
-    MAX_FAILURES,
-    JobSpec,
-    ProtocolError,
-    StatePaths,
-    check_sia_id,
-    write_document,
-)
+from sia_slurm.protocol.profile_json import profile_to_json
 from sia_slurm.safefiles import (
     MAX_FILE_BYTES,
     chmod_dir,

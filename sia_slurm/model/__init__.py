@@ -2,10 +2,13 @@
 
 Reference sections 2 and 3. A policy needs only :class:`JobGoodputEstimator` (it implements
 :class:`sia_slurm.core.GoodputEstimator`); the simulator and controller also feed it
-:class:`Observation` and :class:`GradientStats`. Profiles come from :func:`load_profiles`.
+measured steps (:class:`sia_slurm.protocol.observation.Observation`) and
+:class:`GradientStats`. Its inputs are read elsewhere: the throughput profiles, which the job
+side reads too, by :mod:`sia_slurm.protocol.profile`, so nothing here touches a file.
 
-The names below are imported on first use (PEP 562): the job side reads profiles and gradient
-statistics on every start, and must not pay for the fitting stack (scipy.optimize, about a
+The names below are imported on first use (PEP 562): a process that needs one light module
+(the emulated trainer and the simulator's readers take gradient statistics from
+:mod:`.efficiency` on every start) must not pay for the fitting stack (scipy.optimize, about a
 quarter of a CPU-second) that only the controller and the simulator use. The function
 ``efficiency`` is not re-exported: lazily, the submodule of the same name would shadow it.
 """
@@ -21,14 +24,6 @@ if TYPE_CHECKING:
     from sia_slurm.model.efficiency import GradientStats, gain
     from sia_slurm.model.estimator import JobGoodputEstimator, TypeModel, evaluate_jobs
     from sia_slurm.model.fit import fit_observations, fit_throughput_params
-    from sia_slurm.model.observation import Observation
-    from sia_slurm.model.profile import (
-        AppProfile,
-        GpuType,
-        ProfileError,
-        ProfileSet,
-        load_profiles,
-    )
     from sia_slurm.model.throughput import StackedParams, ThroughputParams
 
 _MODULE_OF = {
@@ -39,27 +34,16 @@ _MODULE_OF = {
     "JobGoodputEstimator": "estimator",
     "TypeModel": "estimator",
     "evaluate_jobs": "estimator",
-    "Observation": "observation",
     "fit_observations": "fit",
     "fit_throughput_params": "fit",
-    "AppProfile": "profile",
-    "GpuType": "profile",
-    "ProfileError": "profile",
-    "ProfileSet": "profile",
-    "load_profiles": "profile",
     "StackedParams": "throughput",
     "ThroughputParams": "throughput",
 }
 
 __all__ = [
-    "AppProfile",
     "BatchLimits",
-    "GpuType",
     "GradientStats",
     "JobGoodputEstimator",
-    "Observation",
-    "ProfileError",
-    "ProfileSet",
     "StackedParams",
     "ThroughputParams",
     "TypeModel",
@@ -67,7 +51,6 @@ __all__ = [
     "fit_observations",
     "fit_throughput_params",
     "gain",
-    "load_profiles",
     "optimize_batch_size",
 ]
 

@@ -41,8 +41,8 @@ from sia_slurm.model.batch import (
 from sia_slurm.model.bootstrap import PlanInputs, TypeTable, plan_inputs, projected_grid
 from sia_slurm.model.efficiency import NO_STATS, GradientStats
 from sia_slurm.model.fit import Observation, fit_observations
-from sia_slurm.model.profile import AppProfile
 from sia_slurm.model.throughput import ThroughputParams
+from sia_slurm.protocol.profile import AppProfile
 
 _PLAN_CACHE_SIZE = 8
 # A repeated measurement of a known shape triggers a refit only when it moves that shape's mean

@@ -28,13 +28,13 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import minimize
 
-from sia_slurm.model.observation import Observation
 from sia_slurm.model.throughput import (
     GAMMA_BOUNDS,
     PARAM_LOWER_BOUND,
     FloatArray,
     ThroughputParams,
 )
+from sia_slurm.protocol.observation import Observation
 
 # Regulariser weights (reference section 2).
 GAMMA_REG = 1e-3

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from sia_slurm.model.profile import AppProfile, ProfileSet
+from sia_slurm.protocol.profile import AppProfile, ProfileSet
 
 
 def best_one_gpu_throughput(app: AppProfile, profile_type: str) -> float | None:

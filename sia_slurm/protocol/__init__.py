@@ -7,7 +7,7 @@ them for people). Two trees, by who may write them (``docs/security.md``)::
     control/<sia_id>/stop.json        by the controller to ask for a stop   (StopRequest)
     control/<sia_id>/slurm.json       the controller's record of the job    (backend's own)
     jobs/<sia_id>/spec.json           by sia-sbatch at submission           (JobSpec)
-    jobs/<sia_id>/profile.json        by sia-sbatch, a --profile DIR copied (model.profile_json)
+    jobs/<sia_id>/profile.json        by sia-sbatch, a --profile DIR copied (profile_json)
     jobs/<sia_id>/ack-<round>.<run>   by rank 0 after its checkpoint        (empty file)
     jobs/<sia_id>/metrics.json        by rank 0 every ~30 s                 (MetricsReport)
     jobs/<sia_id>/exit-<run>.json     by the launcher when a run ends       (RunExit)
@@ -27,7 +27,11 @@ Four modules, by what they hold: :mod:`~sia_slurm.protocol.paths` (where each fi
 the names that carry a Slurm run), :mod:`~sia_slurm.protocol.documents` (the dataclasses),
 :mod:`~sia_slurm.protocol.bounds` (what every field may hold, and the docs' table of it) and
 :mod:`~sia_slurm.protocol.document_json` (a document to and from JSON, its file read and
-written). Both sides import their names from here, ``sia_slurm.protocol``, as before.
+written). Both sides import their names from here, ``sia_slurm.protocol``, as before. Three
+more, for the profiles, are imported by their own names (each imports this package):
+:mod:`~sia_slurm.protocol.observation` (one measured step), :mod:`~sia_slurm.protocol.profile`
+(the profile directories of ``profiles/`` and ``--profile DIR``) and
+:mod:`~sia_slurm.protocol.profile_json` (``profile.json`` and ``profiled.json``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from sia_slurm.protocol.documents import (
     Assignment,
     Document,
     ExitCause,
+    JobKind,
     JobSpec,
     MetricsReport,
     RunExit,
@@ -107,6 +112,7 @@ __all__ = [
     "Bound",
     "Document",
     "ExitCause",
+    "JobKind",
     "JobSpec",
     "MetricsReport",
     "ProtocolError",

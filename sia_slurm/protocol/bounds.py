@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from sia_slurm.core import JobKind
 from sia_slurm.protocol.documents import (
     MAX_FAILURES,
     MAX_MESSAGE_CHARS,
     Assignment,
     ExitCause,
+    JobKind,
     JobSpec,
     MetricsReport,
     RunExit,

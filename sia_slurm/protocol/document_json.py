@@ -22,13 +22,13 @@ from dataclasses import MISSING, Field, asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sia_slurm.core import JobKind
 from sia_slurm.protocol.bounds import FIELD_BOUNDS
 from sia_slurm.protocol.documents import (
     OLDEST_PROTOCOL,
     PROTOCOL_VERSION,
     Assignment,
     Document,
+    JobKind,
     JobSpec,
     MetricsReport,
     RunExit,

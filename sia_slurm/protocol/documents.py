@@ -1,7 +1,9 @@
 """The protocol's documents: what the controller and a managed job tell each other.
 
 One frozen dataclass per file (``docs/protocol.md``): the job's spec, the controller's
-assignment and stop request, the job's metrics, and how a run ended or why it refused to train.
+assignment and stop request, the job's metrics, and how a run ended or why it refused to train;
+and the spec's :class:`JobKind` (which :mod:`sia_slurm.core` re-exports for the model, the
+policies and the simulator).
 Each checks, on construction, the rules that tie its fields together (a batch that is
 ``gpus * local_bsz * (accum_steps + 1)``, a sync time below the step time); the bounds of each
 field alone are :mod:`sia_slurm.protocol.bounds`, enforced by the reader.
@@ -14,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sia_slurm.core import JobKind
 from sia_slurm.protocol.paths import check_sia_id, exit_name, refusal_name
 from sia_slurm.safefiles import ProtocolError
 
@@ -25,6 +26,15 @@ PROTOCOL_VERSION = 1
 OLDEST_PROTOCOL = max(1, PROTOCOL_VERSION - 1)
 MAX_FAILURES = 100  # the largest retry budget a job may ask for (``--max-failures``)
 MAX_MESSAGE_CHARS = 2000  # of a run's exit or refusal message
+
+
+class JobKind(StrEnum):
+    """What the scheduler may change about a job (reference section 4, "Job kinds")."""
+
+    ADAPTIVE = "adaptive"  # GPU type, GPU count and batch size
+    STRONG_SCALING = "strong-scaling"  # GPU type and count; batch size fixed
+    RIGID = "rigid"  # GPU type only; count and batch size fixed
+    PINNED = "pinned"  # nothing: fixed type and count, non-preemptible
 
 
 @dataclass(frozen=True)
@@ -176,12 +186,12 @@ class MetricsReport:
 
     ``step_time`` is the mean time of a synchronising micro-batch and ``sync_time`` the part of
     it spent in the gradient all-reduce after compute (so ``0 <= sync_time < step_time``), the
-    meaning :class:`sia_slurm.model.Observation` takes. ``grad_sqr`` / ``grad_var`` are the
-    gradient noise statistics normalised to M0. ``steps`` counts optimizer steps since the job
-    first started; ``time`` is when the report was written (seconds since the epoch, or the
-    simulated clock). ``slurm_job_id`` and ``slurm_restart_count`` name the Slurm run that
-    wrote it: the controller takes a report only from the job's current run, so a report left
-    by the run before a restart never makes a restarted job look RUNNING.
+    meaning :class:`~sia_slurm.protocol.observation.Observation` takes. ``grad_sqr`` /
+    ``grad_var`` are the gradient noise statistics normalised to M0. ``steps`` counts optimizer
+    steps since the job first started; ``time`` is when the report was written (seconds since
+    the epoch, or the simulated clock). ``slurm_job_id`` and ``slurm_restart_count`` name the
+    Slurm run that wrote it: the controller takes a report only from the job's current run, so
+    a report left by the run before a restart never makes a restarted job look RUNNING.
     """
 
     sia_id: str

@@ -70,7 +70,7 @@ class StatePaths:
 
 SPEC_FILE = "spec.json"
 METRICS_FILE = "metrics.json"
-PROFILE_FILE = "profile.json"  # a job's own profile (sia_slurm/model/profile_json.py)
+PROFILE_FILE = "profile.json"  # a job's own profile (sia_slurm/protocol/profile_json.py)
 # What a profiling run measured (the same document format, one entry per GPU type measured so
 # far), written by the job's rank 0: docs/profiling.md
 PROFILED_FILE = "profiled.json"

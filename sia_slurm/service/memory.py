@@ -23,8 +23,8 @@ What is rebuilt:
   format 3, which outlives an upgrade); a format-2 row (a pickle, from a release before) is
   unpickled once, converted to that document and decoded by the same strict reader, and the
   round's save writes it back as format 3;
-* the profilings under way (:mod:`sia_slurm.controller.profiling`: the types measured, what
-  each job was given, the documents refused); a job still profiling is re-admitted into its
+* the profilings under way (:mod:`sia_slurm.controller.profiling_state`: the types measured,
+  what each job was given, the documents refused); a job still profiling is re-admitted into its
   profiling at the next round;
 * the round index and the fair-share usage ledger (without it a restarted controller, and
   ``--once`` under cron every round, would start every account's usage factor afresh).
@@ -38,7 +38,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sia_slurm.controller import Controller, JobRecord
-from sia_slurm.controller.profiling import Profiler, Profiling
+from sia_slurm.controller.profiling import Profiler
+from sia_slurm.controller.profiling_state import Profiling
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.controller.reports import Pace
 from sia_slurm.core import Configuration

@@ -58,9 +58,9 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
-from sia_slurm.model.observation import Observation
-from sia_slurm.model.profile import ProfileError, read_trace_points
 from sia_slurm.model.throughput import global_batch_size
+from sia_slurm.protocol.observation import Observation
+from sia_slurm.protocol.profile import ProfileError, read_trace_points
 
 FloatArray = npt.NDArray[np.float64]
 Shape = tuple[int, int]  # (nodes, gpus)

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sia_slurm.core import JobKind
-from sia_slurm.model.profile import ProfileError, ProfileSet, load_profiles
 from sia_slurm.policy.shares import DEFAULT_ACCOUNT
 from sia_slurm.protocol import JobSpec, ProtocolError, check_sia_id
+from sia_slurm.protocol.profile import ProfileError, ProfileSet, load_profiles
 from sia_slurm.sim.apps import APPS, default_traces_dir
 from sia_slurm.sim.apptruth import AppTruth, SimInputError, load_truths
 from sia_slurm.sim.clusterfile import ClusterError, ClusterSpec, load_cluster

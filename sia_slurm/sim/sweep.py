@@ -22,7 +22,7 @@ as a profile document. The simulated cluster replays that here from the ground t
   lognormal noise (``sigma``, seeded by the simulation's seed, the job and the type, so a run
   is reproducible), and as the type's ``max_local_bsz`` the largest batch of the sweep that fit
   (the job knows no more: it only tried the sweep's batches). A draw the controller's checks
-  would refuse (:func:`~sia_slurm.model.profile_json.measured_problems`: step times that do not
+  would refuse (:func:`~sia_slurm.protocol.profile_json.measured_problems`: step times that do not
   grow with the batch, which 5% noise can fake where the truth grows by little, e.g. ncf on
   A100, 16% from batch 16 to 32768) is drawn again; :attr:`SweepPlan.redraws` counts them.
 """
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from sia_slurm.model.profile_json import PROFILE_FORMAT, measured_problems, profile_from_json
 from sia_slurm.protocol import ProtocolError
+from sia_slurm.protocol.profile_json import PROFILE_FORMAT, measured_problems, profile_from_json
 from sia_slurm.sim.groundtruth import GroundTruth
 
 PROFILE_STEPS = 3  # measured steps per batch (the job side's SIA_PROFILE_STEPS default)

@@ -29,7 +29,7 @@ What is kept, and how:
   and any format newer than this code are not read. A previous allocation that is not read
   (another policy, format 1 or newer, a damaged document) starts the policy fresh, and the
   controller says why;
-* the profilings under way (:mod:`sia_slurm.controller.profiling`), as JSON in ``meta`` under
+* the profilings under way (:mod:`sia_slurm.controller.profiling_state`), as JSON in ``meta`` under
   ``profilings``;
 * the round index;
 * the fair-share usage ledger (:class:`~sia_slurm.policy.shares.UsageLedger`), as JSON in
@@ -73,7 +73,8 @@ UPGRADING = "docs/operations.md, Upgrading"
 DEFAULT_REPORTS_PER_SHAPE = 16
 USAGE_KEY = "usage"  # meta key of the usage ledger
 PROFILING_RESTARTS_KEY = "profiling_restarts:"  # + sia id: the restarts its profiling took
-PROFILINGS_KEY = "profilings"  # meta key of the profilings under way (controller/profiling.py)
+# meta key of the profilings under way (controller/profiling_state.py)
+PROFILINGS_KEY = "profilings"
 PROFILE_KEY = "profile_document:"  # + sia id: a remembered job's own profile document
 CHOSEN_RESTARTS_KEY = "chosen_restarts:"  # + sia id: the restarts the controller asked for
 PACE_KEY = "pace:"  # + sia id: {"pace": first report on its shape or None, "distrusted": why}

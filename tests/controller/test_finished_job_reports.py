@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
-from sia_slurm.model import load_profiles
 from sia_slurm.policy.base import NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport
+from sia_slurm.protocol.profile import load_profiles
 
 NODES = (NodeView("t4-1", "t4", 4, 4),)
 

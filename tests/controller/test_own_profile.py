@@ -10,11 +10,11 @@ import pytest
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Start
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.controller.quarantine import QUARANTINED
-from sia_slurm.model import load_profiles
-from sia_slurm.model.profile_json import profile_to_json
 from sia_slurm.policy.base import NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec
+from sia_slurm.protocol.profile import load_profiles
+from sia_slurm.protocol.profile_json import profile_to_json
 
 NODES = (NodeView("t4-1", "t4", 4, 4), NodeView("a100-1", "a100", 4, 4))
 

@@ -17,10 +17,11 @@ from sia_slurm.controller import decide as decide_module
 from sia_slurm.controller.decide import Decision, RoundOutcome
 from sia_slurm.controller.quarantine import QUARANTINED
 from sia_slurm.core import Configuration
-from sia_slurm.model import JobGoodputEstimator, load_profiles
+from sia_slurm.model import JobGoodputEstimator
 from sia_slurm.policy.base import Allocation, NodeShare, NodeView, Policy, PolicyInput
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec
+from sia_slurm.protocol.profile import load_profiles
 
 NODES = (
     NodeView("a100-1", "a100", 4, 4),

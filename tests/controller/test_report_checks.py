@@ -17,10 +17,10 @@ from sia_slurm.controller.reports import (
     clamped_stats,
 )
 from sia_slurm.core import Configuration
-from sia_slurm.model import load_profiles
 from sia_slurm.policy.base import NodeShare, NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport
+from sia_slurm.protocol.profile import load_profiles
 
 NODES = (NodeView("a100-1", "a100", 4, 4), NodeView("t4-1", "t4", 4, 4))
 CONFIG = Configuration("a100", 1, 2)

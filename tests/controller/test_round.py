@@ -18,10 +18,10 @@ from sia_slurm.cluster import (
 )
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.core import Configuration, JobKind
-from sia_slurm.model import load_profiles
 from sia_slurm.policy.base import NodeShare, NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport
+from sia_slurm.protocol.profile import load_profiles
 
 NODES = (
     NodeView("a100-1", "a100", 4, 4),

@@ -10,7 +10,6 @@ import pytest
 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.controller import Controller, EstimatorFactory
-from sia_slurm.model import load_profiles
 from sia_slurm.policy.base import Allocation, NodeView, PolicyInput
 from sia_slurm.policy.entitlement import weighs_jobs
 from sia_slurm.policy.gavel import GavelPolicy
@@ -19,6 +18,7 @@ from sia_slurm.policy.registry import make_policy
 from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.policy.site_accounting import Association, SiteAccounting
 from sia_slurm.protocol import JobSpec
+from sia_slurm.protocol.profile import load_profiles
 
 NODES = (NodeView("a100-1", "a100", 4, 4), NodeView("a100-2", "a100", 4, 4))
 

@@ -44,8 +44,8 @@ from sia_slurm.protocol import (  # noqa: E402
     read_document,
 )
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
-from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.slurm.records import parse_records  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
 from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402
 from tests.accounts import SERVICE_ACCOUNT, TestAccounts  # noqa: E402

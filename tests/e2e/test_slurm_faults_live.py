@@ -46,8 +46,8 @@ if str(REPO) not in sys.path:
 from sia_slurm.config import load_config  # noqa: E402
 from sia_slurm.protocol import JobSpec, StatePaths, exit_name, write_document  # noqa: E402
 from sia_slurm.slurm.backend import SlurmBackend  # noqa: E402
-from sia_slurm.slurm.observe.inventory import parse_records  # noqa: E402
 from sia_slurm.slurm.observe.jsonparse import parse_squeue_json  # noqa: E402
+from sia_slurm.slurm.records import parse_records  # noqa: E402
 from sia_slurm.slurm.runner import CommandError  # noqa: E402
 from sia_slurm.state.tree import set_up  # noqa: E402
 from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config  # noqa: E402

@@ -17,7 +17,7 @@ from sia_slurm.job.examples.emulated import (
     micro_batch_seconds,
     train,
 )
-from sia_slurm.model.profile import (
+from sia_slurm.protocol.profile import (
     GPU_TYPES_FILE,
     default_profiles_dir,
     load_app_profile,

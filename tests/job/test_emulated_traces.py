@@ -18,7 +18,7 @@ from sia_slurm.job.examples.emulated import (
     micro_batch_seconds,
 )
 from sia_slurm.job.jobenv import JobEnvironment
-from sia_slurm.model.profile import default_profiles_dir, load_profiles
+from sia_slurm.protocol.profile import default_profiles_dir, load_profiles
 from sia_slurm.sim.apps import default_traces_dir
 from sia_slurm.sim.groundtruth import GroundTruth
 from tests.job.conftest import MakeEnv

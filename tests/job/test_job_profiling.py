@@ -24,9 +24,9 @@ from sia_slurm.job.elastic.job_profiling import TRYING_FILE, fit_batch
 from sia_slurm.job.elastic.lightning import ElasticStrategy
 from sia_slurm.job.elastic.steps import Batch
 from sia_slurm.job.jobenv import JobEnvironment, JobEnvironmentError
-from sia_slurm.model.profile import AppProfile
-from sia_slurm.model.profile_json import measured_problems, profile_from_json
 from sia_slurm.protocol import StatePaths, StopRequest, write_document
+from sia_slurm.protocol.profile import AppProfile
+from sia_slurm.protocol.profile_json import measured_problems, profile_from_json
 from sia_slurm.safefiles import read_json
 
 SIZE = 120

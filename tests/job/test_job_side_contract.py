@@ -5,7 +5,11 @@ controller through the protocol files, and reads only a handful of the site's se
 (:class:`sia_slurm.job_settings.JobSiteSettings`, loaded by ``sia_slurm/job/settings.py``). It never
 imports the controller's CLI, config types, controller, policies, service or database. Every
 ``sia_slurm`` module a job-side module imports (at the top or inside a function) must be in
-:data:`ALLOWED`, which says why it is there; an entry nobody uses any more must go.
+:data:`ALLOWED`, which says why it is there; an entry nobody uses any more must go. The contract
+(:data:`CONTRACT`) is narrow: the protocol package, the safe-file helpers, the command runner and
+its parser of ``scontrol -o`` records, what the programs share with the controller's CLI, the
+job-side settings and, in their loader only, the config loader. Beyond it, only the emulated
+example, which replays the simulator's measurements (:data:`EMULATED_ONLY`).
 
 ``launcher``, the package's old name, stays for one release as an alias (``launcher/__init__.py``)
 for the jobs and scripts of an upgrade; it may import nothing but the job side.
@@ -40,11 +44,27 @@ FORBIDDEN = (
 LOADER = "sia_slurm/job/settings.py"  # the one module that reads the config file
 
 # module -> (why the job side imports it, the job-side files that may, or ANY)
-ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
+CONTRACT: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm": ("__version__ for --version of sia-sbatch and sia-launch", ANY),
     "sia_slurm.protocol": ("the job/controller protocol: the files both sides read and write", ANY),
+    "sia_slurm.protocol.profile": (
+        "the protocol's throughput profiles of --app/--profile (batch limits, a job's seed)",
+        ANY,
+    ),
+    "sia_slurm.protocol.profile_json": (
+        "the protocol's profile.json and profiled.json, a job's profile for the controller",
+        ("sia_slurm/job/sbatch.py", "sia_slurm/job/elastic/job_profiling.py"),
+    ),
+    "sia_slurm.protocol.observation": (
+        "the protocol's measured step, what a profiling run's points are",
+        ("sia_slurm/job/elastic/job_profiling.py",),
+    ),
     "sia_slurm.safefiles": ("atomic, bounded writes and reads of those files and checkpoints", ANY),
     "sia_slurm.slurm.runner": ("running sbatch, scontrol and sacct as subprocesses", ANY),
+    "sia_slurm.slurm.records": (
+        "parse_records of scontrol -o show job/node: did Slurm end this run",
+        ("sia_slurm/job/runs.py",),
+    ),
     "sia_slurm.clicommon": (
         "click's -h/--help and OPENBLAS_NUM_THREADS=1, shared with the controller's CLI",
         ("sia_slurm/job/launch.py", "sia_slurm/job/sbatch.py"),
@@ -54,47 +74,38 @@ ALLOWED: dict[str, tuple[str, tuple[str, ...] | None]] = {
         "the controller's config loader, so a bad sia.yaml is reported the same everywhere",
         (LOADER,),
     ),
-    "sia_slurm.core": (
-        "JobKind: sia-sbatch --kind and what it lets the scheduler change",
-        ("sia_slurm/job/sbatch.py",),
-    ),
-    "sia_slurm.model.profile": (
-        "the throughput profiles of --app/--profile (batch limits, a job's seed profile)",
-        ANY,
-    ),
-    "sia_slurm.model.profile_json": (
-        "profile.json, the copy of a job's profile the controller reads",
-        ("sia_slurm/job/sbatch.py", "sia_slurm/job/elastic/job_profiling.py"),
-    ),
-    "sia_slurm.model.observation": (
-        "the measured step times a profiling run turns into a profile",
-        ("sia_slurm/job/elastic/job_profiling.py",),
-    ),
-    "sia_slurm.slurm.observe.inventory": (
-        "parse_records of scontrol -o show job/node: did Slurm end this run",
-        ("sia_slurm/job/runs.py",),
-    ),
+}
+
+# The one exception: the emulated trainer (``python -m sia_slurm.job.examples.emulated``), a
+# training script for demos on the dev cluster's fake GPUs that replays the simulator's
+# measurements, read-only. It stays a job-side example rather than moving to the dev package:
+# it runs as a job's script under sia-launch like the other examples (one process per GPU on
+# every restart, and ``import sia_slurm_dev`` loads the whole dev cluster), its command line is
+# that of the demo, the fidelity and restart benchmarks and the live tests, and jobs submitted
+# before an upgrade run it as ``launcher.examples.emulated`` (the alias's promise, one release).
+# Nothing else of the job side may import these, nor load them through another module
+# (test_the_job_side_proper_loads_no_model_and_no_simulator_module).
+EMULATED = "sia_slurm/job/examples/emulated.py"
+EMULATED_ONLY: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "sia_slurm.model.efficiency": (
         "the emulated example reports gradient statistics as a real job would",
-        ("sia_slurm/job/examples/emulated.py",),
+        (EMULATED,),
     ),
-    "sia_slurm.sim.apps": (
-        "the emulated example replays the simulator's traces",
-        ("sia_slurm/job/examples/emulated.py",),
-    ),
+    "sia_slurm.sim.apps": ("the emulated example replays the simulator's traces", (EMULATED,)),
     "sia_slurm.sim.gradstats": (
         "the emulated example's gradient statistics, as the simulator's",
-        ("sia_slurm/job/examples/emulated.py",),
+        (EMULATED,),
     ),
     "sia_slurm.sim.groundtruth": (
         "the emulated example's step times, as the simulator's ground truth",
-        ("sia_slurm/job/examples/emulated.py",),
+        (EMULATED,),
     ),
     "sia_slurm.sim.progress": (
         "the emulated example's statistical progress, as a simulated job's",
-        ("sia_slurm/job/examples/emulated.py",),
+        (EMULATED,),
     ),
 }
+ALLOWED = {**CONTRACT, **EMULATED_ONLY}
 
 
 def _is_module(dotted: str) -> bool:
@@ -226,6 +237,20 @@ def test_the_programs_load_no_controller_module_and_keep_openblas_single_threade
     assert blas == "1"
     controller = ("cli", "controller", "service", "state")
     assert [m for m in loaded.split() if m.split(".")[1] in controller] == []
+
+
+def test_the_job_side_proper_loads_no_model_and_no_simulator_module() -> None:
+    """What a training script and the programs import (everything but the emulated example)
+    loads neither the goodput model nor the simulator, in a fresh interpreter: the contract
+    holds for the whole import graph, not only for the job side's own lines."""
+    modules = ("launch", "sbatch", "agent", "runs", "elastic", "examples.cnn")
+    code = (
+        f"import sys, {', '.join(f'sia_slurm.job.{m}' for m in modules)}\n"
+        "print(*sorted(m for m in sys.modules if m.startswith('sia_slurm.')))\n"
+    )
+    loaded = _fresh(code).split()
+    assert [m for m in loaded if m.split(".")[1] in ("model", "sim")] == []
+    assert {files for _, files in EMULATED_ONLY.values()} == {(EMULATED,)}
 
 
 def test_the_alias_package_is_one_file_of_standard_library_imports() -> None:

@@ -354,13 +354,13 @@ def test_a_profile_directory_is_copied_into_the_job_as_one_document(
     """The controller never reads the user's directory (issue 35): sia-sbatch, as the user,
     writes it into the job's directory as profile.json, which the controller reads through
     the user-file door."""
-    from sia_slurm.model.profile import (
+    from sia_slurm.protocol.profile import (
         GPU_TYPES_FILE,
         default_profiles_dir,
         load_app_profile,
         load_gpu_types,
     )
-    from sia_slurm.model.profile_json import profile_from_json
+    from sia_slurm.protocol.profile_json import profile_from_json
     from sia_slurm.safefiles import read_json
 
     settings = load_job_settings(config_path)

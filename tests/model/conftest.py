@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.model.profile import ProfileSet, default_profiles_dir, load_profiles
+from sia_slurm.protocol.profile import ProfileSet, default_profiles_dir, load_profiles
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRACES_DIR = REPO_ROOT / "data" / "traces"

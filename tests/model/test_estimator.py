@@ -10,8 +10,8 @@ from sia_slurm.model.batch import BatchLimits, optimize_batch_size
 from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.model.estimator import JobGoodputEstimator, evaluate_jobs
 from sia_slurm.model.fit import Observation
-from sia_slurm.model.profile import ProfileSet
 from sia_slurm.model.throughput import StackedParams, ThroughputParams, sync_time
+from sia_slurm.protocol.profile import ProfileSet
 
 LIMITS = BatchLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=32)
 STATS = GradientStats(grad_sqr=1.0, grad_var=20.0)

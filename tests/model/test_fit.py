@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from sia_slurm.model.fit import Observation, fit_observations, fit_throughput_params
-from sia_slurm.model.profile import read_trace_points
 from sia_slurm.model.throughput import (
     PARAM_LOWER_BOUND,
     ThroughputParams,
     compute_time,
     sync_time,
 )
+from sia_slurm.protocol.profile import read_trace_points
 
 from .conftest import TRACES_DIR
 

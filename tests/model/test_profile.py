@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.model.profile import (
+from sia_slurm.protocol.profile import (
     ProfileError,
     ProfileSet,
     load_profiles,

@@ -10,7 +10,7 @@ from sia_slurm.cli.profile_cmd import profile
 from sia_slurm.core import Configuration
 from sia_slurm.model.efficiency import GradientStats
 from sia_slurm.model.estimator import JobGoodputEstimator
-from sia_slurm.model.profile import ProfileSet
+from sia_slurm.protocol.profile import ProfileSet
 
 
 def table_rows(output: str, title: str) -> dict[str, list[str]]:
@@ -85,8 +85,8 @@ def test_a_measured_profile_is_shown_and_forgotten(tmp_path: Path) -> None:
     import json
     from dataclasses import replace
 
-    from sia_slurm.model import load_profiles
-    from sia_slurm.model.profile_json import profile_to_json
+    from sia_slurm.protocol.profile import load_profiles
+    from sia_slurm.protocol.profile_json import profile_to_json
     from sia_slurm.state.profiles import ProfileStore
 
     config = tmp_path / "sia.yaml"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from sia_slurm.model import load_profiles
-from sia_slurm.model.profile_json import profile_from_json, profile_to_json
 from sia_slurm.protocol import ProtocolError
+from sia_slurm.protocol.profile import load_profiles
+from sia_slurm.protocol.profile_json import profile_from_json, profile_to_json
 
 PROFILES = load_profiles()
 TYPES = tuple(PROFILES.gpu_types)
@@ -71,8 +71,8 @@ def test_a_hostile_profile_is_refused_naming_the_field(changes: dict[str, Any], 
 def test_a_measured_profile_needs_every_type_and_step_times_that_grow() -> None:
     from dataclasses import replace
 
-    from sia_slurm.model import Observation
-    from sia_slurm.model.profile_json import measured_problems
+    from sia_slurm.protocol.observation import Observation
+    from sia_slurm.protocol.profile_json import measured_problems
 
     for app in PROFILES.apps:  # the shipped profiles are measured ones, and sound
         assert measured_problems(PROFILES.app(app), PROFILES.app(app).gpu_types) == [], app
@@ -92,7 +92,7 @@ def test_a_measured_profile_needs_every_type_and_step_times_that_grow() -> None:
 
 
 def test_a_measured_step_under_half_a_smaller_batchs_is_refused() -> None:
-    from sia_slurm.model.profile_json import _shrinking
+    from sia_slurm.protocol.profile_json import _shrinking
 
     points = [(8, 0.10), (16, 0.20), (32, 0.05), (64, 0.40)]
     assert "0.05 s at a per-GPU batch of 32, under half the 0.2 s" in _shrinking(points)
@@ -103,7 +103,7 @@ def test_steps_of_a_few_milliseconds_may_shrink_by_the_timing_noise() -> None:
     """A transformer's sweep on a100 at load 20 (a live test's run): half of batch 1's step at
     batch 4, but 2.6 ms apart, within a busy machine's timing noise: kept. Halved 12 ms
     apart is not noise."""
-    from sia_slurm.model.profile_json import _shrinking
+    from sia_slurm.protocol.profile_json import _shrinking
 
     measured = [(1, 0.005043), (2, 0.004995), (4, 0.002433), (8, 0.002737), (16, 0.007866)]
     assert _shrinking(measured) == ""

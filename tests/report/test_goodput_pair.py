@@ -23,11 +23,11 @@ import pytest
 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Rebatch, Start
 from sia_slurm.controller import Controller, Decision, EstimatorFactory
-from sia_slurm.model import load_profiles
 from sia_slurm.model.efficiency import GradientStats, efficiency
 from sia_slurm.policy.base import NodeView
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec, MetricsReport, StatePaths, write_document
+from sia_slurm.protocol.profile import load_profiles
 from sia_slurm.report import JobRow, report_from_db
 from sia_slurm.report.goodput import DecisionPoint, goodput_pair, measured_goodput
 from sia_slurm.service.summary import record_round

@@ -16,9 +16,9 @@ from sia_slurm.cli.report_cmd import format_table  # noqa: E402
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Move, Start  # noqa: E402
 from sia_slurm.controller import Controller, EstimatorFactory  # noqa: E402
 from sia_slurm.controller.profiling import MemoryProfileBook, Profiler  # noqa: E402
-from sia_slurm.model import load_profiles  # noqa: E402
 from sia_slurm.policy.registry import make_policy  # noqa: E402
 from sia_slurm.protocol import JobSpec  # noqa: E402
+from sia_slurm.protocol.profile import load_profiles  # noqa: E402
 from sia_slurm.report import report_from_db  # noqa: E402
 from sia_slurm.service.summary import record_round  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402

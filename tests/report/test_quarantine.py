@@ -25,10 +25,10 @@ if str(REPO) not in sys.path:  # so `tests.*` helpers import however pytest was 
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Start  # noqa: E402
 from sia_slurm.controller import Controller, EstimatorFactory  # noqa: E402
 from sia_slurm.controller.quarantine import QUARANTINED  # noqa: E402
-from sia_slurm.model import load_profiles  # noqa: E402
 from sia_slurm.policy.base import Allocation, NodeView, Policy, PolicyInput  # noqa: E402
 from sia_slurm.policy.registry import make_policy  # noqa: E402
 from sia_slurm.protocol import JobSpec  # noqa: E402
+from sia_slurm.protocol.profile import load_profiles  # noqa: E402
 from sia_slurm.report import JobRow, ReportData, render_site, report_from_db  # noqa: E402
 from sia_slurm.service.summary import record_round  # noqa: E402
 from sia_slurm.state import Store  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 from sia_slurm.config import SiaConfig, load_config
 from sia_slurm.controller import EstimatorFactory
-from sia_slurm.model import load_profiles
+from sia_slurm.protocol.profile import load_profiles
 from sia_slurm.state import Store
 from tests.service.fakes import FakeCluster, write_config
 

@@ -222,8 +222,8 @@ def test_a_jobs_own_profile_and_the_last_quarantine_survive_a_restart(
     from dataclasses import replace
 
     from sia_slurm.controller.quarantine import QUARANTINED
-    from sia_slurm.model import load_profiles
-    from sia_slurm.model.profile_json import profile_to_json
+    from sia_slurm.protocol.profile import load_profiles
+    from sia_slurm.protocol.profile_json import profile_to_json
 
     document = profile_to_json(replace(load_profiles().app("ncf"), name="mine"))
     own = JobSnapshot(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.model.profile import default_profiles_dir, load_gpu_types
+from sia_slurm.protocol.profile import default_profiles_dir, load_gpu_types
 from sia_slurm.sim.apps import DATA_PARALLEL_APPS
 from sia_slurm.sim.clusterfile import ClusterError, check_ground_truth, load_cluster, parse_cluster
 

@@ -26,9 +26,9 @@ import pytest
 from sia_slurm.cluster import BatchChoice, JobPhase, Move, Start, Stop
 from sia_slurm.controller.profiling import profile_sweep, profiling_limits
 from sia_slurm.core import Configuration
-from sia_slurm.model.profile_json import measured_problems, profile_from_json
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec
+from sia_slurm.protocol.profile_json import measured_problems, profile_from_json
 from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.clusterfile import ClusterGpuType, ClusterSpec
 from sia_slurm.sim.gradstats import AppGradStats

@@ -20,7 +20,7 @@ from sia_slurm.core import Configuration
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import Assignment, StatePaths, read_document
 from sia_slurm.slurm.backend import SlurmBackend
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.records import parse_records
 from sia_slurm_dev import DevCluster
 
 pytestmark = pytest.mark.slurm

@@ -59,8 +59,8 @@ def test_a_profile_document_that_is_a_fifo_quarantines_its_job_without_blocking(
 
 
 def test_a_profile_document_reaches_the_snapshot_as_read(fake_slurm: Any) -> None:
-    from sia_slurm.model import load_profiles
-    from sia_slurm.model.profile_json import profile_to_json
+    from sia_slurm.protocol.profile import load_profiles
+    from sia_slurm.protocol.profile_json import profile_to_json
     from sia_slurm.safefiles import write_json_atomic
 
     fake_slurm.submit("mine")

@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from sia_slurm.cli.main import cli
-from sia_slurm.slurm.observe.inventory import parse_records, read_inventory
+from sia_slurm.slurm.observe.inventory import read_inventory
+from sia_slurm.slurm.records import parse_records
 from sia_slurm_dev import DevCluster, DevClusterSpec
 from sia_slurm_dev.process import DaemonRecord, is_alive
 from sia_slurm_dev.roots import mounts_under

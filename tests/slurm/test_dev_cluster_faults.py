@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.records import parse_records
 from sia_slurm_dev import DevCluster, DevClusterError, DevClusterSpec
 from sia_slurm_dev.process import node_job_processes
 from tests.e2e.test_controller_live import wait_for

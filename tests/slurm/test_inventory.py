@@ -14,9 +14,9 @@ from sia_slurm.slurm.observe.inventory import (
     parse_gres,
     parse_nodes,
     parse_partitions,
-    parse_records,
     read_inventory,
 )
+from sia_slurm.slurm.records import parse_records
 from sia_slurm.slurm.runner import CommandResult
 
 FIXTURE_ROOT = Path(__file__).resolve().parent.parent / "fixtures"

@@ -53,7 +53,7 @@ def test_a_layer_does_not_import_the_layers_above_it(
 
 
 def test_shared_plumbing_imports_no_actuation() -> None:
-    for name in ("runner", "commands", "slurm_conf"):
+    for name in ("runner", "records", "commands", "slurm_conf"):
         actuating = [
             n
             for n in imports_of(SLURM / f"{name}.py")

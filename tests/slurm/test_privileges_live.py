@@ -20,8 +20,8 @@ import pytest
 
 from sia_slurm.slurm import commands
 from sia_slurm.slurm.actuate.calls import refused_for_now, send_until_taken, update_pause_s
-from sia_slurm.slurm.observe.inventory import parse_records
 from sia_slurm.slurm.observe.jsonparse import job_state, number
+from sia_slurm.slurm.records import parse_records
 from sia_slurm_dev import DevCluster
 from tests.accounts import ALICE, BOB, SERVICE_ACCOUNT, TestAccounts, run_as
 from tests.release import TEST_RELEASE, TRES_GPU

@@ -25,7 +25,7 @@ The sweep stops at the first batch that does not fit:
   died during a try is assumed to have run out of memory (a node failure during a sweep
   therefore costs the type its largest batch).
 
-Then rank 0 writes ``jobs/<id>/profiled.json`` (``sia_slurm/model/profile_json.py``'s
+Then rank 0 writes ``jobs/<id>/profiled.json`` (``sia_slurm/protocol/profile_json.py``'s
 document) with every type this job measured so far, which the checkpoint keeps
 (:meth:`JobProfiling.state_dict`), saves a checkpoint so the measurement survives a crash,
 and trains on at the assignment's batch, split into accumulation steps if its per-GPU batch
@@ -50,10 +50,10 @@ import torch
 from sia_slurm.job.elastic.devspeed import emulated_memory
 from sia_slurm.job.elastic.steps import Batch
 from sia_slurm.job.jobenv import JobEnvironment
-from sia_slurm.model.observation import Observation
-from sia_slurm.model.profile import AppProfile
-from sia_slurm.model.profile_json import profile_to_json
 from sia_slurm.protocol import StatePaths
+from sia_slurm.protocol.observation import Observation
+from sia_slurm.protocol.profile import AppProfile
+from sia_slurm.protocol.profile_json import profile_to_json
 from sia_slurm.safefiles import write_json_atomic
 
 logger = logging.getLogger(__name__)

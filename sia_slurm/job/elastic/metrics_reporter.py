@@ -2,7 +2,7 @@
 
 Rank 0 times each uniform step: ``step_time`` is the synchronising micro-batch (the last one of
 the step: data, forward, backward) plus the gradient all-reduce after it, ``sync_time`` the
-all-reduce alone (the meaning of :class:`sia_slurm.model.Observation`). Every
+all-reduce alone (the meaning of :class:`sia_slurm.protocol.observation.Observation`). Every
 ``interval_s`` the means since the previous report are written atomically to
 ``jobs/<sia_id>/metrics.json`` as a :class:`~sia_slurm.protocol.MetricsReport`, with the smoothed
 gradient noise statistics. The window restarts when the batch changes, so a report never

@@ -71,14 +71,14 @@ from sia_slurm.job.elastic.metrics_reporter import MetricsReporter
 from sia_slurm.job.elastic.noise import GradientNoise
 from sia_slurm.job.examples.common import SampleLog, parser, setup
 from sia_slurm.model.efficiency import GradientStats
-from sia_slurm.model.profile import (
+from sia_slurm.protocol import MetricsReport
+from sia_slurm.protocol.profile import (
     GPU_TYPES_FILE,
     AppProfile,
     default_profiles_dir,
     load_app_profile,
     load_gpu_types,
 )
-from sia_slurm.protocol import MetricsReport
 from sia_slurm.sim.apps import default_traces_dir
 from sia_slurm.sim.gradstats import AppGradStats, GradStatsError
 from sia_slurm.sim.groundtruth import GroundTruth, GroundTruthError, has_ground_truth

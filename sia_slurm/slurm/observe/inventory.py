@@ -1,8 +1,9 @@
 """What Slurm says its partitions and nodes are: parsed from ``scontrol -o show``.
 
 ``scontrol -o show node|partition`` prints one record per line as ``Key=Value`` pairs on every
-Slurm version sia-slurm supports (the JSON forms differ between versions). The parsers are pure
-functions over that text, tested against output captured from real daemons.
+Slurm version sia-slurm supports (the JSON forms differ between versions), which
+:func:`sia_slurm.slurm.records.parse_records` splits. The parsers are pure functions over that
+text, tested against output captured from real daemons.
 """
 
 from __future__ import annotations
@@ -11,13 +12,9 @@ import re
 from dataclasses import dataclass
 
 from sia_slurm.slurm.observe.hostlist import split_top_level
+from sia_slurm.slurm.records import parse_records
 from sia_slurm.slurm.runner import CommandRunner
 
-# A key starts a new field where a space is followed by `Name=`; values may hold spaces
-# (OS=Linux 6.1 #1 SMP, Reason=...), so split on key starts, not on whitespace. Job records
-# (22.05 to 26.05 alike) have keys with ':' and '/' (AllocNode:Sid=, CPUs/Task=, ReqB:S:C:T=):
-# without them in the key pattern, Partition= swallowed "a100 AllocNode:Sid=0.0.0.0:25238".
-_FIELD_START = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 _GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_]+)(?::(?P<type>[A-Za-z0-9_.\-]+))?:(?P<count>\d+)")
 # Node states in which the node's GPUs are no capacity for the policy. A node powered down by
 # Slurm's power saving (IDLE+POWERED_DOWN) is capacity: Slurm boots it for the job it
@@ -95,23 +92,6 @@ class SlurmInventory:
 
     def nodes_of(self, partition: str) -> tuple[NodeInfo, ...]:
         return tuple(node for node in self.nodes if partition in node.partitions)
-
-
-def parse_records(text: str) -> list[dict[str, str]]:
-    """Split ``scontrol -o show ...`` output into one ``{key: value}`` dict per line."""
-    records = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or (line.startswith("No ") and "in the system" in line):
-            continue
-        matches = list(_FIELD_START.finditer(line))
-        record = {}
-        for index, match in enumerate(matches):
-            end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
-            record[match.group(1)] = line[match.end() : end].strip()
-        if record:
-            records.append(record)
-    return records
 
 
 def parse_gres(text: str) -> tuple[GresEntry, ...]:

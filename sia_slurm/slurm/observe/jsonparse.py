@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sia_slurm.slurm.observe.hostlist import expand_hostlist
-from sia_slurm.slurm.observe.inventory import parse_records
+from sia_slurm.slurm.records import parse_records
 
 # Base job states (Slurm's job_state_string); anything else in a state list is a flag.
 BASE_STATES = frozenset(

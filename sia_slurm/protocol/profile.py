@@ -1,7 +1,10 @@
 """Reading throughput profiles: GPU types, per-app metadata, 1-GPU seed profiles, batch limits.
 
-This is the only module of ``sia_slurm.model`` that touches files. Layout (``profiles/README.md``
-documents it for sites adding their own models and GPU types)::
+Both sides read them: the job side for ``sia-sbatch --app`` and ``--profile DIR`` (batch limits,
+the copy it writes as ``profile.json``) and ``sia-launch``'s batch limits; the controller and the
+simulator to seed each job's goodput model (:mod:`sia_slurm.model`, which touches no file).
+Layout (``profiles/README.md`` documents it for sites adding their own models and GPU
+types)::
 
     profiles/gpu_types.csv              gpu_type,gpus_per_node,trace_key,description
     profiles/<app>/app.yaml             init_batch_size, max_batch_size, min_local_bsz, description
@@ -26,7 +29,7 @@ from typing import Any
 import yaml
 
 from sia_slurm.csvtable import CsvTableError, read_rows
-from sia_slurm.model.observation import Observation
+from sia_slurm.protocol.observation import Observation
 from sia_slurm.yamlsource import compose
 
 GPU_TYPES_FILE = "gpu_types.csv"

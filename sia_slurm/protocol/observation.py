@@ -1,7 +1,8 @@
 """One measured step of a job: what profiles, traces and running jobs report.
 
-Its own module so that reading a profile (the job side does it on every start) does not import
-the fitting stack (:mod:`.fit`, scipy.optimize).
+A plain data type that both sides use: the points of a profile's seed (:mod:`.profile`, and
+``profile.json`` and ``profiled.json``: :mod:`.profile_json`), which a job measures and the
+controller's goodput model (:mod:`sia_slurm.model`) fits.
 """
 
 from __future__ import annotations

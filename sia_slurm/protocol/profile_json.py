@@ -8,7 +8,7 @@ that file through :class:`~sia_slurm.userfiles.JobDirectory` like any other user
 (regular, the job user's own, at most 64 KiB, within the JSON bounds of
 :mod:`sia_slurm.safefiles`), then checks every value here (:func:`profile_from_json`) as
 strictly as the CSV reader does. A profile measured by the job itself (Sia's profiling) takes
-the same road.
+the same road, as ``profiled.json`` (:data:`~sia_slurm.protocol.PROFILED_FILE`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from sia_slurm.model.observation import Observation
-from sia_slurm.model.profile import AppProfile, parse_placement
 from sia_slurm.protocol import MAX_BATCH, MAX_STEP_SECONDS, PROFILE_FILE, ProtocolError
+from sia_slurm.protocol.observation import Observation
+from sia_slurm.protocol.profile import AppProfile, parse_placement
 
 PROFILE_FORMAT = 1
 __all__ = ["PROFILE_FILE", "PROFILE_FORMAT", "profile_from_json", "profile_to_json"]
