@@ -247,6 +247,7 @@ def test_summary_json_carries_finish_time_fairness(tmp_path: Path) -> None:
         rho,
         1.0,
     )
+    assert "FTF" in result.output
 
 
 @pytest.mark.heavy
