@@ -5,10 +5,13 @@
 
 Each variant is a policy (``sia-paper``, ``sia``) with some of its parameters set, e.g.
 ``--variant repair=sia-paper:repair_placement=true``. The first variant is the baseline: every
-row says its pooled average JCT, p99 JCT and makespan over that of the baseline, and the job-rounds
-spent waiting beside free GPUs and the unplaced allocations (issue 38's measures, summed over the
-workloads). The default variants are the paper's Sia, each of sia's additions alone, and sia.
-Pooled means every job of every workload run counts once (benchmarks/paper_table3.py's pooling).
+row says its pooled average JCT, p99 JCT and makespan over that of the baseline, its finish-time
+fairness (each job's JCT over its JCT alone on a 1/N share of the cluster, as in Themis:
+sia_slurm/sim/finish_time_fairness.py) as plain values, already ratios with 1 as fair (mean, p99
+and the fraction of jobs above 1, pooled over every job), and the job-rounds spent waiting beside
+free GPUs and the unplaced allocations (issue 38's measures, summed over the workloads). The
+default variants are the paper's Sia, each of sia's additions alone, and sia. Pooled means every
+job of every workload run counts once (benchmarks/paper_table3.py's pooling).
 """
 
 from __future__ import annotations
@@ -110,8 +113,9 @@ def main() -> int:
 def print_table(rows: list[tuple[Variant, list[SimulationResult]]], workloads: int) -> None:
     print(f"{workloads} workloads (hetero64), pooled; ratios against {rows[0][0].name}\n")
     print("| variant | policy | avg JCT h | x | p99 JCT h | x | makespan h | x | "
+          "FTF mean | FTF p99 | FTF > 1 | "
           "waits beside free GPUs (job-rounds) | unplaced |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = None
     for variant, results in rows:
         pooled = pooled_metrics(
@@ -122,7 +126,8 @@ def print_table(rows: list[tuple[Variant, list[SimulationResult]]], workloads: i
         waits = sum(r.wait_totals().job_rounds for r in results)
         unplaced = sum(r.wait_totals().unplaced_allocations for r in results)
         cells = " | ".join(f"{f:.3f} | {f / b:.3f}" for f, b in zip(figures, base, strict=True))
-        print(f"| {variant.name} | {variant.policy} | {cells} | {waits} | {unplaced} |")
+        ftf = f"{pooled.ftf_mean:.3f} | {pooled.ftf_p99:.3f} | {pooled.ftf_unfair_fraction:.1%}"
+        print(f"| {variant.name} | {variant.policy} | {cells} | {ftf} | {waits} | {unplaced} |")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ metrics that the goodput models learn from. Docs: docs/simulator.md.
 Writes to --out:
   summary.json           metrics per workload and pooled (avg/p99 JCT,
                          makespan, GPU-hours/job, restarts, contention,
-                         policy solve times, per-job JCTs, job-rounds
-                         waiting beside free GPUs, unplaced allocations)
+                         policy solve times, per-job JCTs, finish-time
+                         fairness (JCT over JCT alone on a 1/N share:
+                         mean, p99, max, fraction > 1, per job),
+                         job-rounds waiting beside free GPUs,
+                         unplaced allocations)
   rounds-NAME.jsonl      one JSON line per round and workload
   jct_cdf.png, gpus-NAME.png   with --plot (needs matplotlib)
 
@@ -158,7 +161,9 @@ def simulate_command(
     click.echo(
         f"pooled: avg JCT {pooled['avg_jct_h']:.2f} h (+-{pooled['avg_jct_std_h']:.2f}), "
         f"p99 {pooled['p99_jct_h']:.1f} h, makespan {pooled['makespan_h']:.1f} h, "
-        f"{pooled['gpu_hours_per_job']:.2f} GPU-h/job -> {out / 'summary.json'}"
+        f"{pooled['gpu_hours_per_job']:.2f} GPU-h/job, FTF {pooled['ftf_mean']:.2f} "
+        f"(p99 {pooled['ftf_p99']:.2f}, {pooled['ftf_unfair_fraction']:.0%} > 1) "
+        f"-> {out / 'summary.json'}"
     )
     if plot:
         _plot(out, [results[label] for label in labels], labels)

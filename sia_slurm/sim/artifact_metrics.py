@@ -27,16 +27,24 @@ the rounds were not recorded):
 * ``unplaced_allocations``: allocations the policy decided and placement could not honour,
   summed over rounds.
 
+Finish-time fairness (Themis; :mod:`sia_slurm.sim.finish_time_fairness`), over the completed
+jobs with a ``T_independent`` (each job's JCT alone on a ``1/N`` share of the cluster, ``N`` its
+``contention``), ``rho = JCT / T_independent``: ``ftf_mean``, ``ftf_p99`` (the index rule),
+``ftf_max``, ``ftf_unfair_fraction`` (the fraction with ``rho > 1``) and ``ftf``, every job's
+``rho`` by name; nan (and ``{}``) where no job has one. Pooled: over all jobs.
+
 Pooled over workloads (:func:`pooled_metrics`): the average JCT is the mean over *all* jobs, with
 ``avg_jct_std_h`` the (population) standard deviation of the per-workload means; the p99 is over
 all jobs; the makespan is averaged over workloads; GPU-hours and restarts per job are totals over
 total jobs; contention is a mean over all jobs and a max over workloads; solve times pool every
 round; ``wall_s`` is the sum (CPU time across workloads), ``wall_max_s`` the longest; the
-counts of issue 38 are sums (``None`` if any workload's is).
+finish-time fairness figures are over all jobs; the counts of issue 38 are sums (``None`` if any
+workload's is).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -61,10 +69,22 @@ class JobOutcome:
     # restarts and sweeps (part of gpu_seconds), and the sweeps it completed.
     profiling_gpu_seconds: float = 0.0
     sweeps: int = 0
+    # Its JCT alone on an equal share of the cluster (sia_slurm/sim/finish_time_fairness.py);
+    # None where not computed.
+    independent_s: float | None = None
 
     @property
     def jct(self) -> float | None:
         return None if self.finish_time is None else self.finish_time - self.submit_time
+
+    @property
+    def ftf(self) -> float | None:
+        """Finish-time fairness ``rho = JCT / T_independent`` (``None``: unfinished, or no
+        finite ``T_independent``)."""
+        jct = self.jct
+        if jct is None or self.independent_s is None or not 0 < self.independent_s < math.inf:
+            return None
+        return jct / self.independent_s
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,11 @@ class WorkloadMetrics:
     solve_ms_p95: float
     wall_s: float
     jct_h: Mapping[str, float] = field(default_factory=dict)
+    ftf_mean: float = math.nan
+    ftf_p99: float = math.nan
+    ftf_max: float = math.nan
+    ftf_unfair_fraction: float = math.nan
+    ftf: Mapping[str, float] = field(default_factory=dict)
     active_job_rounds: int = 0
     job_rounds_waiting_beside_free_gpus: int | None = None
     rounds_with_jobs_waiting_beside_free_gpus: int | None = None
@@ -139,6 +164,10 @@ class PooledMetrics:
     solve_ms_p95: float
     wall_s: float
     wall_max_s: float
+    ftf_mean: float = math.nan
+    ftf_p99: float = math.nan
+    ftf_max: float = math.nan
+    ftf_unfair_fraction: float = math.nan
     active_job_rounds: int = 0
     job_rounds_waiting_beside_free_gpus: int | None = None
     rounds_with_jobs_waiting_beside_free_gpus: int | None = None
@@ -173,6 +202,20 @@ def _wait_fields(totals: WaitTotals | None) -> dict[str, Any]:
         "rounds_with_jobs_waiting_beside_free_gpus": totals.rounds,
         "waits_beside_free_gpus_by_cause": dict(totals.by_cause),
         "unplaced_allocations": totals.unplaced_allocations,
+    }
+
+
+def _ftf_fields(jobs: Sequence[JobOutcome]) -> dict[str, float]:
+    """Mean, p99 (the index rule), max of ``rho`` and the fraction with ``rho > 1``, over the
+    jobs that have one (nan for none)."""
+    rhos = [rho for rho in (job.ftf for job in jobs) if rho is not None]
+    if not rhos:
+        return {}
+    return {
+        "ftf_mean": statistics.fmean(rhos),
+        "ftf_p99": percentile_index(rhos, 0.99),
+        "ftf_max": max(rhos),
+        "ftf_unfair_fraction": sum(rho > 1.0 for rho in rhos) / len(rhos),
     }
 
 
@@ -211,6 +254,8 @@ def workload_metrics(
         solve_ms_p95=percentile_index(solve_ms, 0.95),
         wall_s=wall_s,
         jct_h={job.name: job.jct / HOUR for job in done if job.jct is not None},
+        ftf={job.name: rho for job in done if (rho := job.ftf) is not None},
+        **_ftf_fields(jobs),
         active_job_rounds=sum(contention),
         **_wait_fields(waits),
     )
@@ -259,6 +304,7 @@ def pooled_metrics(
         solve_ms_p95=percentile_index(rounds, 0.95),
         wall_s=sum(m.wall_s for m in per_workload),
         wall_max_s=max((m.wall_s for m in per_workload), default=0.0),
+        **_ftf_fields(everyone),
         active_job_rounds=sum(m.active_job_rounds for m in per_workload),
         **_wait_fields(waits),
     )

@@ -19,7 +19,9 @@ decisions, GPUs held per type, contention and the stage timings.
 
 After each round's actions are applied, the round also counts the jobs that wait beside free GPUs
 they could use and the allocations placement could not honour (:mod:`sia_slurm.sim.idle_waits`,
-issue 38); :meth:`SimulationResult.metrics` sums them.
+issue 38); :meth:`SimulationResult.metrics` sums them. Once the run ends, every job's outcome
+gets its time alone on an equal share of the cluster, for finish-time fairness
+(:mod:`sia_slurm.sim.finish_time_fairness`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from sia_slurm.sim.artifact_metrics import (
     WorkloadMetrics,
     workload_metrics,
 )
+from sia_slurm.sim.finish_time_fairness import with_independent_times
 from sia_slurm.sim.idle_waits import RoundWaits, after_actions
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
@@ -225,9 +228,10 @@ def simulate(
     """
     started = time.perf_counter()
     truths = truths if truths is not None else load_workload_truths([workload], inputs)
+    specs = job_specs(workload, truths, profiling=config.profiling)
     cluster = SimulatedCluster(
         inputs.cluster,
-        job_specs(workload, truths, profiling=config.profiling),
+        specs,
         max_substep=config.max_substep,
         profile_requested=config.profiles_requested,
         profile_noise=config.profile_noise,
@@ -256,7 +260,7 @@ def simulate(
         policy=config.policy,
         cluster=inputs.cluster.name,
         round_length=config.round_length,
-        jobs=tuple(cluster.outcomes()),
+        jobs=tuple(with_independent_times(cluster.outcomes(), specs, inputs.cluster)),
         rounds=tuple(loop.rounds),
         wall_s=time.perf_counter() - started,
         timings=dict(loop.timings),
