@@ -252,6 +252,34 @@ def test_a_job_with_no_room_takes_its_first_fallback_that_fits():
     assert placement.assignments["c"] == (NodeShare("A-1", 2),)
 
 
+def test_a_shape_with_no_room_is_searched_once_though_its_jobs_take_fallbacks(monkeypatch):
+    """Ten jobs asking for 4 GPUs of A, whose nodes have 1 free GPU each: the first search
+    and eviction find no room; each job then takes its 1-GPU fallback, which only takes free
+    GPUs, so the nine after it are not searched again (at 16,384 GPUs hundreds of such misses
+    each searched and evicted again, 2 s a round), and the outcome is the same."""
+    import sia_slurm.policy.placement as placement_module
+
+    cluster = make_cluster([("A", 10, 1)])
+    allocation = Allocation(
+        {f"j{i}": share(Configuration("A", 1, 4)) for i in range(10)},
+        fallbacks={f"j{i}": (share(Configuration("A", 1, 1)),) for i in range(10)},
+    )
+    calls = []
+    plan = placement_module.eviction_plan
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(placement_module, "eviction_plan", counted)
+    placement = place(cluster, allocation, [])
+    assert len(calls) == 1
+    assert placement.unplaced == () and len(placement.replaced) == 10
+    assert sorted(s.node for shares in placement.assignments.values() for s in shares) == sorted(
+        node.name for node in cluster.nodes
+    )
+
+
 def test_a_fallback_that_is_not_the_current_configuration_is_packed():
     cluster, views, allocation = _fragmented()
     two = share(Configuration("A", 1, 2))
