@@ -24,47 +24,19 @@ from sia_slurm.cluster import Action, BatchChoice, Start
 from sia_slurm.core import Configuration, JobKind
 from sia_slurm.policy.base import NodeShare
 from sia_slurm.protocol import JobSpec
-from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.artifact_metrics import JobOutcome, workload_metrics
 from sia_slurm.sim.clusterfile import ClusterGpuType, ClusterSpec
 from sia_slurm.sim.finish_time_fairness import IndependentTimes, with_independent_times
-from sia_slurm.sim.gradstats import AppGradStats
-from sia_slurm.sim.groundtruth import GroundTruth
 from sia_slurm.sim.inputs import load_inputs, load_sim_workloads, load_workload_truths
-from sia_slurm.sim.restart import RestartDelay
 from sia_slurm.sim.run import SimulationConfig, simulate
 from sia_slurm.sim.simulated_cluster import SimJobSpec, SimulatedCluster
+from tests.sim.toys import toy_truth
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = "name,time,application,num_replicas,batch_size\n"
-PLACEMENTS = """\
-placement,local_bsz,step_time,sync_time
-1,10,1.0,0.0
-1,20,2.0,0.0
-2,10,1.5,0.5
-2,20,2.5,0.5
-"""
 NOISY = 1e9  # grad_var that makes the gain equal the scale (to 1e-8)
 FAST = ClusterGpuType("fast", "fast", "x", gpus_per_node=2, nodes=2)
 TOY_CLUSTER = ClusterSpec("toy", (FAST,))
-
-
-def toy_truth(tmp_path: Path, *, grad_var: float = 0.0) -> AppTruth:
-    folder = tmp_path / "traces" / "toy"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "placements-x.csv").write_text(PLACEMENTS)
-    for batch in (10, 20):
-        (folder / f"validation-{batch}.csv").write_text(
-            f"progress,grad_sqr,grad_var\n100,1.0,{grad_var}\n200,1.0,{grad_var}\n"
-        )
-    traces = tmp_path / "traces"
-    return AppTruth(
-        app="toy",
-        speed={"fast": GroundTruth.load(traces, "toy", "x", calibration=1.0)},
-        stats=AppGradStats.load(traces, "toy", max_epochs=3),
-        restart=RestartDelay(true_s=30.0, assumed_s=30.0),
-        calibration=1.0,
-    )
 
 
 @pytest.mark.parametrize(
@@ -82,14 +54,17 @@ def toy_truth(tmp_path: Path, *, grad_var: float = 0.0) -> AppTruth:
 def test_independent_time_by_hand(
     tmp_path: Path, grad_var: float, contention: float, expected: float
 ) -> None:
-    truth = toy_truth(tmp_path, grad_var=grad_var)
+    truth = toy_truth(tmp_path, grad_var=grad_var, assumed_restart_s=30.0)
     times = IndependentTimes(TOY_CLUSTER)
     assert times.seconds(JobSpec("j", "toy"), truth, contention) == pytest.approx(expected)
 
 
 def test_work_per_gpu_count_by_hand(tmp_path: Path) -> None:
     times = IndependentTimes(TOY_CLUSTER)
-    quiet, noisy = toy_truth(tmp_path / "a"), toy_truth(tmp_path / "b", grad_var=NOISY)
+    quiet, noisy = (
+        toy_truth(tmp_path / "a", assumed_restart_s=30.0),
+        toy_truth(tmp_path / "b", grad_var=NOISY, assumed_restart_s=30.0),
+    )
     spec = JobSpec("j", "toy")
     assert times.work_seconds(spec, quiet, FAST, 1) == pytest.approx(300.0)
     assert times.work_seconds(spec, quiet, FAST, 2) == pytest.approx(450.0)  # 10 / 1.5 per s
@@ -98,7 +73,7 @@ def test_work_per_gpu_count_by_hand(tmp_path: Path) -> None:
 
 
 def test_fixed_batch_and_count_are_kept(tmp_path: Path) -> None:
-    truth = toy_truth(tmp_path, grad_var=NOISY)
+    truth = toy_truth(tmp_path, grad_var=NOISY, assumed_restart_s=30.0)
     times = IndependentTimes(TOY_CLUSTER)
     # Strong-scaling at batch 10, even with noise: on two GPUs (5 each, held at the smallest
     # measured per-GPU batch: 1.5 s) 10 samples per 1.5 s, worse than one GPU's 10 per 1 s.
@@ -113,7 +88,7 @@ def test_restart_of_the_cluster_file_replaces_the_apps(tmp_path: Path) -> None:
     from sia_slurm.sim.clusterfile import ClusterRestart
 
     cluster = ClusterSpec("toy", (FAST,), restart=ClusterRestart(start_s=5.0, move_s=7.0))
-    truth = toy_truth(tmp_path)
+    truth = toy_truth(tmp_path, assumed_restart_s=30.0)
     assert IndependentTimes(cluster).seconds(JobSpec("j", "toy"), truth, 1.0) == pytest.approx(
         305.0
     )
@@ -142,14 +117,14 @@ def _run(
 
 
 def _two_jobs(tmp_path: Path) -> tuple[SimulatedCluster, list[SimJobSpec]]:
-    truth = toy_truth(tmp_path)
+    truth = toy_truth(tmp_path, assumed_restart_s=30.0)
     cluster_spec = ClusterSpec("toy", (ClusterGpuType("fast", "fast", "x", 2, 1),))  # 2 GPUs
     jobs = [SimJobSpec(JobSpec(name, "toy"), truth) for name in ("j0", "j1")]
     return SimulatedCluster(cluster_spec, jobs), jobs
 
 
 def test_a_job_alone_at_its_best_run_is_fair(tmp_path: Path) -> None:
-    truth = toy_truth(tmp_path)
+    truth = toy_truth(tmp_path, assumed_restart_s=30.0)
     jobs = [SimJobSpec(JobSpec("j0", "toy"), truth)]
     cluster = SimulatedCluster(TOY_CLUSTER, jobs)
     _run(cluster, lambda t: [_start("j0", "fast-0")] if t == 0 else [])
@@ -252,8 +227,8 @@ def test_summary_json_carries_finish_time_fairness(tmp_path: Path) -> None:
 
 @pytest.mark.heavy
 def test_a_job_alone_under_sia_is_fair_but_for_its_ramp(tmp_path: Path) -> None:
-    # One T4 node: Sia grows cifar10 1 -> 2 -> 4 GPUs, one round and one 50 s restart each;
-    # alone on the cluster, its best run is 4 GPUs from the start. rho is just above 1.
+    # One T4 node: Sia grows cifar10 1 -> 4 GPUs (its 4x growth cap), one round and one 50 s
+    # restart; alone on the cluster, its best run is 4 GPUs from the start. rho is just above 1.
     cluster = tmp_path / "one.yaml"
     cluster.write_text(
         "name: one-t4\ngpu_types:\n  t4:\n    profile: t4\n    trace_key: aws\n"
@@ -264,5 +239,5 @@ def test_a_job_alone_under_sia_is_fair_but_for_its_ramp(tmp_path: Path) -> None:
     inputs = load_inputs(cluster)
     (workload,) = load_sim_workloads(path, inputs)
     (job,) = simulate(workload, inputs, SimulationConfig(policy="sia")).jobs
-    assert job.contention == 1.0 and job.restarts == 2
+    assert job.contention == 1.0 and job.restarts == 1
     assert job.ftf is not None and 1.0 < job.ftf < 1.15

@@ -21,40 +21,14 @@ from sia_slurm.protocol import JobSpec
 from sia_slurm.sim.apptruth import AppTruth
 from sia_slurm.sim.clusterfile import ClusterGpuType, ClusterRestart, ClusterSpec
 from sia_slurm.sim.gradstats import AppGradStats
-from sia_slurm.sim.groundtruth import GroundTruth
 from sia_slurm.sim.progress import StatsTable, integrate
-from sia_slurm.sim.restart import RestartDelay
 from sia_slurm.sim.simulated_cluster import SimJobSpec, SimulatedCluster
+from tests.sim.toys import toy_truth
 
 REPO = Path(__file__).resolve().parents[2]
-PLACEMENTS = """\
-placement,local_bsz,step_time,sync_time
-1,10,1.0,0.0
-1,20,2.0,0.0
-2,10,1.5,0.5
-2,20,2.5,0.5
-"""
 ONE_GPU = Configuration("fast", 1, 1)
 THREE_GPUS = Configuration("fast", 1, 3)  # more than a node holds
 TWO_NODES = (NodeShare("fast-0", 1), NodeShare("fast-1", 1))  # for a 1-node configuration
-
-
-def toy_truth(tmp_path: Path, *, grad_var: float = 0.0, calibration: float = 1.0) -> AppTruth:
-    folder = tmp_path / "traces" / "toy"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "placements-x.csv").write_text(PLACEMENTS)
-    for batch in (10, 20):
-        (folder / f"validation-{batch}.csv").write_text(
-            f"progress,grad_sqr,grad_var\n100,1.0,{grad_var}\n200,1.0,{grad_var}\n"
-        )
-    traces = tmp_path / "traces"
-    return AppTruth(
-        app="toy",
-        speed={"fast": GroundTruth.load(traces, "toy", "x", calibration=1.0)},
-        stats=AppGradStats.load(traces, "toy", max_epochs=3),
-        restart=RestartDelay(true_s=30.0, assumed_s=20.0),
-        calibration=calibration,
-    )
 
 
 def toy_cluster(
