@@ -6,8 +6,8 @@ the rounds simulated, the active job-rounds, the job-rounds in which an active j
 while GPUs of a type it may use (enough for its smallest run) were free after the round's
 actions, the rounds with at least one such job, the allocations placement could not honour
 (also as a share of the job-rounds), and the waits by where the round left the job out
-(``sia_slurm/sim/idle_waits.py``: ``not_allocated`` = the policy gave it nothing; ``unplaced``,
-``refused``, ``not_decided``).
+(``sia_slurm/controller/idle_waits.py``: ``not_allocated`` = the policy gave it nothing;
+``unplaced``, ``refused``, ``not_decided``).
 
 Usage: python benchmarks/idle_waits.py [--workloads N] [--policy sia] [--traces helios,philly]
            [--jobs N] [--processes N]

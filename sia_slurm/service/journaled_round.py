@@ -31,6 +31,7 @@ from sia_slurm.clock import WALL_CLOCK, Clock
 from sia_slurm.cluster import Action, ActionResult, ClusterBackend, ClusterSnapshot, JobPhase
 from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
+from sia_slurm.controller.idle_waits import as_decided
 from sia_slurm.protocol import MetricsReport
 from sia_slurm.service.logs import log_action, log_decision, log_event
 from sia_slurm.service.memory import save_memory
@@ -461,6 +462,7 @@ def _finish(
         rejected=len(outcome.rejected),
         unplaced=len(outcome.placement.unplaced),
         placed_at_fallback=len(outcome.placement.replaced),
+        waiting_beside_free=as_decided(snapshot, outcome).by_cause(),
     )
     try:
         write_textfile(config.state_dir / "metrics", metrics_of(metrics))

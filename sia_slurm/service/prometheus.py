@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sia_slurm.cluster import JobPhase
+from sia_slurm.controller.idle_waits import WaitCause
 from sia_slurm.text import printable
 
 PROM_FILE = "sia.prom"
@@ -70,6 +71,9 @@ class RoundMetrics:
     # fallbacks (Sia's repair_placement; docs/concepts/policies.md).
     unplaced: int = 0
     placed_at_fallback: int = 0
+    # Jobs the round left without GPUs while a type they may use had free GPUs where their
+    # smallest run fits, by where the round left them out (sia_slurm/controller/idle_waits.py).
+    waiting_beside_free: Mapping[str, int] = field(default_factory=dict)
 
 
 def metrics_of(m: RoundMetrics) -> list[Metric]:
@@ -93,6 +97,14 @@ def metrics_of(m: RoundMetrics) -> list[Metric]:
     )
     for (kind, result), count in sorted(m.actions_this_round.items()):
         this_round.add(count, kind=kind, result=result)
+    waiting = Metric(
+        "sia_jobs_waiting_beside_free_gpus",
+        "Jobs the last round left without GPUs while a GPU type they may use had free GPUs "
+        "where their smallest run fits, by where the round left them out.",
+        "gauge",
+    )
+    for cause in WaitCause:
+        waiting.add(m.waiting_beside_free.get(cause.value, 0), cause=cause.value)
     total = Metric(
         "sia_actions_total", "Actions journaled since the database was created.", "counter"
     )
@@ -131,6 +143,7 @@ def metrics_of(m: RoundMetrics) -> list[Metric]:
         )
         .add(m.unplaced, outcome="unplaced")
         .add(m.placed_at_fallback, outcome="fallback"),
+        waiting,
     ]
 
 

@@ -16,7 +16,7 @@ Per workload (:func:`workload_metrics`), over its completed jobs:
 * ``wall_s``: wall-clock seconds of the whole simulation;
 * ``jct_h``: every job's JCT by name.
 
-Not the artifact's, measured for issue 38 (:mod:`sia_slurm.sim.idle_waits`; ``None`` where
+Not the artifact's, measured for issue 38 (:mod:`sia_slurm.controller.idle_waits`; ``None`` where
 the rounds were not recorded):
 
 * ``active_job_rounds``: active jobs summed over rounds (the sum of the contention);

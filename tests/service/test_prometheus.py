@@ -5,8 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot
 from sia_slurm.config import SiaConfig
+from sia_slurm.controller import Controller, EstimatorFactory
+from sia_slurm.controller.idle_waits import as_decided
+from sia_slurm.core import JobKind, NodeView
+from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol import JobSpec
+from sia_slurm.protocol.profile import load_profiles
 from sia_slurm.service import open_controller, run_round
 from sia_slurm.service.prometheus import Metric, RoundMetrics, metrics_of, render, write_textfile
 from sia_slurm.state import Store
@@ -70,6 +76,7 @@ def test_round_writes_the_promised_series(
         ('outcome="unplaced"', 0.0),
         ('outcome="fallback"', 0.0),
     ]
+    assert dict(samples["sia_jobs_waiting_beside_free_gpus"])['cause="not_allocated"'] == 0.0
     assert not [p for p in path.parent.iterdir() if p.name != "sia.prom"], "temporary files left"
 
 
@@ -96,3 +103,30 @@ def test_placement_misses_are_counted_by_outcome() -> None:
         ('outcome="unplaced"', 2.0),
         ('outcome="fallback"', 1.0),
     ]
+
+
+def test_jobs_waiting_beside_free_gpus_are_counted_as_the_round_decided() -> None:
+    """Issue 38's wait, live: FIFO (no backfill) on two 4-GPU nodes runs a 6-GPU job; a
+    4-GPU job behind it does not fit in the 2 GPUs left, and the 1-GPU job behind that waits
+    beside them (the policy gave it nothing: ``not_allocated``)."""
+    nodes = (NodeView("a-1", "a100", 4, 4), NodeView("a-2", "a100", 4, 4))
+    jobs = tuple(
+        JobSnapshot(
+            JobSpec(name, "cifar10", kind=JobKind.RIGID, requested_gpus=gpus, submit_time=t),
+            JobPhase.PENDING,
+        )
+        for name, gpus, t in (("big", 6, 0.0), ("four", 4, 1.0), ("one", 1, 2.0))
+    )
+    snapshot = ClusterSnapshot(10.0, nodes, jobs)
+    factory = EstimatorFactory(load_profiles(), {"a100": "dgx"})
+    outcome = Controller(make_policy("fifo"), factory).round(snapshot)
+    assert set(outcome.placement.assignments) == {"big"}
+    waits = as_decided(snapshot, outcome)
+    assert waits.by_cause() == {"not_allocated": 1} and set(waits.waits) == {"one"}
+    m = RoundMetrics(
+        round_index=0, round_time=0.0, dry_run=False, timings={}, solve_seconds=0.0,
+        solve_status="optimal", jobs_by_phase={}, gpus={}, actions_this_round={},
+        actions_total={}, pending_actions=0, rejected=0, waiting_beside_free=waits.by_cause(),
+    )  # fmt: skip
+    samples = dict(parse(render(metrics_of(m)))["sia_jobs_waiting_beside_free_gpus"])
+    assert samples['cause="not_allocated"'] == 1.0 and samples['cause="unplaced"'] == 0.0

@@ -16,21 +16,21 @@ import pytest
 from sia_slurm.cluster import ClusterSnapshot, JobPhase, JobSnapshot, Start
 from sia_slurm.controller import Controller, EstimatorFactory
 from sia_slurm.controller.decide import RoundOutcome
+from sia_slurm.controller.idle_waits import (
+    FreeGpus,
+    RoundWaits,
+    SmallestRun,
+    WaitCause,
+    fits_free,
+    round_waits,
+    smallest_run,
+)
 from sia_slurm.core import Configuration, JobKind, NodeView
 from sia_slurm.policy.base import Allocation, JobAllocation, PolicyInput, restart_factor
 from sia_slurm.policy.parameters import SiaPaperPolicyConfig
 from sia_slurm.policy.sia import SiaPolicy
 from sia_slurm.protocol import JobSpec
-from sia_slurm.sim.idle_waits import (
-    FreeGpus,
-    RoundWaits,
-    SmallestRun,
-    WaitCause,
-    after_actions,
-    fits_free,
-    round_waits,
-    smallest_run,
-)
+from sia_slurm.sim.idle_waits import after_actions
 from sia_slurm.sim.inputs import (
     SimulationInputs,
     job_specs,
