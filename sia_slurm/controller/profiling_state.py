@@ -25,6 +25,7 @@ from sia_slurm.protocol import PROFILED_FILE, ProtocolError
 from sia_slurm.protocol.profile_json import (
     PROFILE_FORMAT,
     measured_problems,
+    measured_seed,
     profile_from_json,
 )
 
@@ -199,17 +200,7 @@ class Profiling:
 
     def document(self, now: float, who: str) -> dict[str, Any]:
         """The measured profile as a profile document (``profile.json``'s format)."""
-        seed = [
-            {
-                "gpu_type": gpu_type,
-                "local_bsz": local_bsz,
-                "placement": "1",
-                "step_time": step_time,
-                "sync_time": sync_time,
-            }
-            for gpu_type, (_, points) in sorted(self.measured.items())
-            for local_bsz, step_time, sync_time in points
-        ]
+        seed = measured_seed(self.measured)
         smallest = min(m for _, points in self.measured.values() for m, _, _ in points)
         return {
             "format": PROFILE_FORMAT,

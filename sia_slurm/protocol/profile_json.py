@@ -14,7 +14,7 @@ the same road, as ``profiled.json`` (:data:`~sia_slurm.protocol.PROFILED_FILE`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -55,6 +55,27 @@ def profile_to_json(profile: AppProfile) -> dict[str, Any]:
         "seed": seed,
         "description": profile.description,
     }
+
+
+MeasuredPoints = Mapping[str, tuple[int, Sequence[tuple[int, float, float]]]]
+"""A profiling run's measurements: profile GPU type -> (largest per-GPU batch that fits, its
+1-GPU points as (per-GPU batch, step time, sync time))."""
+
+
+def measured_seed(measured: MeasuredPoints) -> list[dict[str, Any]]:
+    """The ``seed`` entries of a profile document for ``measured`` (types in order): what the
+    controller's profiling and the simulator's both keep of a profiling run."""
+    return [
+        {
+            "gpu_type": gpu_type,
+            "local_bsz": local_bsz,
+            "placement": "1",
+            "step_time": step_time,
+            "sync_time": sync_time,
+        }
+        for gpu_type, (_, points) in sorted(measured.items())
+        for local_bsz, step_time, sync_time in points
+    ]
 
 
 def profile_from_json(

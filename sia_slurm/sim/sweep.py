@@ -37,7 +37,12 @@ from typing import Any
 import numpy as np
 
 from sia_slurm.protocol import ProtocolError
-from sia_slurm.protocol.profile_json import PROFILE_FORMAT, measured_problems, profile_from_json
+from sia_slurm.protocol.profile_json import (
+    PROFILE_FORMAT,
+    measured_problems,
+    measured_seed,
+    profile_from_json,
+)
 from sia_slurm.sim.groundtruth import GroundTruth
 
 PROFILE_STEPS = 3  # measured steps per batch (the job side's SIA_PROFILE_STEPS default)
@@ -140,17 +145,7 @@ class ProfiledTypes:
             "max_batch_size": max(int(header["max_batch_size"]), m0),
             "min_local_bsz": min(smallest, m0),
             "max_local_bsz": {t: limit for t, (limit, _) in sorted(self.measured.items())},
-            "seed": [
-                {
-                    "gpu_type": gpu_type,
-                    "local_bsz": local_bsz,
-                    "placement": "1",
-                    "step_time": step,
-                    "sync_time": sync,
-                }
-                for gpu_type, (_, points) in sorted(self.measured.items())
-                for local_bsz, step, sync in points
-            ],
+            "seed": measured_seed(self.measured),
             "description": "measured by the simulator's profiling run",
         }
 
