@@ -156,21 +156,17 @@ def run_loop(
     reports: list[RoundReport] = []
     attempts = 0
     scheduled = True
+    watch = _Guarded(early)
     while not stop.is_set():
         attempts += 1
         try:
             reports.append(one_round())
         except Exception as exc:
             logger.exception("round failed: %s; the next round runs on schedule", exc)
-        if early is not None:
-            try:
-                early.after_round(scheduled=scheduled)
-            except Exception as exc:  # the watch is a shortcut: never worth a stopped loop
-                logger.exception("cannot watch the profiling jobs: %s", exc)
-                early = None
+        watch.after_round(scheduled)
         if max_rounds is not None and attempts >= max_rounds:
             break
-        woken = _wait(stop, next_round_time(clock.now(), period), clock, early, poll_s)
+        woken = _wait(stop, next_round_time(clock.now(), period), clock, watch, poll_s)
         if woken is None:
             break
         scheduled = not woken
@@ -178,25 +174,39 @@ def run_loop(
     return reports
 
 
+class _Guarded:
+    """The loop's hold on the watch: the watch is a shortcut, never worth a stopped loop, so
+    the first exception it raises is logged and the loop goes on without it."""
+
+    def __init__(self, watch: MeasurementWatch | None) -> None:
+        self.watch = watch
+
+    def after_round(self, scheduled: bool) -> None:
+        if self.watch is not None:
+            self._call(lambda watch: watch.after_round(scheduled=scheduled))
+
+    def due(self) -> bool:
+        return self.watch is not None and bool(self._call(lambda watch: watch.due()))
+
+    def _call(self, call: Callable[[MeasurementWatch], bool | None]) -> bool | None:
+        try:
+            return call(self.watch)  # type: ignore[arg-type]
+        except Exception as exc:
+            logger.exception("cannot watch the profiling jobs: %s; rounds on schedule only", exc)
+            self.watch = None
+            return None
+
+
 def _wait(
-    stop: threading.Event,
-    until: float,
-    clock: Clock,
-    early: MeasurementWatch | None,
-    poll_s: float,
+    stop: threading.Event, until: float, clock: Clock, watch: _Guarded, poll_s: float
 ) -> bool | None:
-    """Wait until ``until`` on ``clock``: ``False`` then, ``True`` as soon as ``early`` is due
+    """Wait until ``until`` on ``clock``: ``False`` then, ``True`` as soon as ``watch`` is due
     before it, ``None`` if ``stop`` was set."""
     while True:
         left = until - clock.now()
         if left <= 0:
             return False
-        if stop.wait(left if early is None else min(left, poll_s)):
+        if stop.wait(left if watch.watch is None else min(left, poll_s)):
             return None
-        if early is not None:
-            try:
-                if early.due():
-                    return True
-            except Exception as exc:
-                logger.exception("cannot watch the profiling jobs: %s", exc)
-                early = None
+        if watch.due():
+            return True
