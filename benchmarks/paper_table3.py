@@ -38,6 +38,7 @@ from sia_slurm.sim.apps import default_workloads_dir  # noqa: E402
 from sia_slurm.sim.artifact_metrics import (  # noqa: E402
     JobOutcome,
     PooledMetrics,
+    WaitTotals,
     WorkloadMetrics,
     pooled_metrics,
     workload_metrics,
@@ -70,6 +71,7 @@ def main() -> int:
     measured: dict[tuple[str, str], PooledMetrics] = {}
     counts: dict[str, tuple[int, int]] = {}
     partial: dict[tuple[str, str], int] = {}  # with --only-done: workloads found per row
+    runs: dict[str, list[_Done]] = {}  # policy -> its workloads of every trace
     started = time.perf_counter()
     for trace in args.traces:
         workloads = load_sim_workloads(default_workloads_dir() / TRACES[trace], inputs)
@@ -101,6 +103,7 @@ def main() -> int:
             todo = [task for task in tasks if task.label not in done]
             results = run_tasks(todo, args.processes, on_done=_saver(args.out, policy))
             ordered = [done.get(task.label) or _Done.of(results[task.label]) for task in tasks]
+            runs.setdefault(policy, []).extend(ordered)
             measured[(trace, policy)] = pooled_metrics(
                 [d.metrics() for d in ordered],
                 [d.jobs for d in ordered],
@@ -118,6 +121,7 @@ def main() -> int:
                 path = args.out / f"summary-{policy}-{trace}.json"
                 path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     print_table(measured, counts, args, partial)
+    print_both_traces(runs)
     print(f"\ntotal wall time {time.perf_counter() - started:.0f} s")
     return 0
 
@@ -177,6 +181,9 @@ class _Done:
     solve_ms: tuple[float, ...]
     wall_s: float
     stopped: str
+    # Job-rounds waiting beside free GPUs and unplaced allocations (issue 38's measures);
+    # None in files saved before they were kept.
+    waits: WaitTotals | None = None
 
     @classmethod
     def of(cls, result: SimulationResult) -> _Done:
@@ -187,11 +194,16 @@ class _Done:
             tuple(result.solve_ms),
             result.wall_s,
             result.stopped,
+            result.wait_totals(),
         )
 
     def metrics(self) -> WorkloadMetrics:
         return workload_metrics(
-            self.jobs, contention=self.contention, solve_ms=self.solve_ms, wall_s=self.wall_s
+            self.jobs,
+            contention=self.contention,
+            solve_ms=self.solve_ms,
+            wall_s=self.wall_s,
+            waits=self.waits,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -206,6 +218,7 @@ class _Done:
             tuple(data["solve_ms"]),
             data["wall_s"],
             data["stopped"],
+            None if data.get("waits") is None else WaitTotals(**data["waits"]),
         )
 
 
@@ -297,6 +310,38 @@ def print_table(
                 f"{trace}: ordering Sia < Pollux < Gavel by avg JCT: "
                 f"{' < '.join(f'{j:.2f}' for j in jcts)} ({verdict})"
             )
+
+
+def print_both_traces(runs: dict[str, list[_Done]]) -> None:
+    """Issue 38's comparison: every policy pooled over all its workloads of both traces (every
+    job counts once), ratios against the paper's Sia, with finish-time fairness, the job-rounds
+    waiting beside free GPUs and the unplaced allocations."""
+    if not runs:
+        return
+    pooled = {
+        policy: pooled_metrics([d.metrics() for d in done], [d.jobs for d in done],
+                               [d.solve_ms for d in done])
+        for policy, done in runs.items()
+    }  # fmt: skip
+    base = pooled.get("sia-paper")
+    print("\nBoth traces pooled (every job once); x: against sia-paper")
+    print("| policy | workloads | avg JCT h | x | p99 JCT h | x | makespan h | x | "
+          "FTF mean | FTF p99 | FTF > 1 | waits beside free GPUs | unplaced |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for policy, m in pooled.items():
+        figures = (m.avg_jct_h, m.p99_jct_h, m.makespan_h)
+        against = (base.avg_jct_h, base.p99_jct_h, base.makespan_h) if base else figures
+        cells = " | ".join(f"{f:.3f} | {f / b:.3f}" for f, b in zip(figures, against, strict=True))
+        waits = [d.waits for d in runs[policy]]
+        known = all(w is not None for w in waits)
+        total = sum((w for w in waits if w is not None), WaitTotals())
+        wait_cells = (
+            f"{total.job_rounds} | {total.unplaced_allocations}" if known else "not kept | not kept"
+        )
+        print(
+            f"| {policy} | {m.workloads} | {cells} | {m.ftf_mean:.3f} | {m.ftf_p99:.3f} | "
+            f"{m.ftf_unfair_fraction:.1%} | {wait_cells} |"
+        )
 
 
 if __name__ == "__main__":

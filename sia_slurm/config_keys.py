@@ -181,6 +181,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "sia",
     ),
     ConfigKey(
+        "policy.first_gpus",
+        "integer >= 1",
+        1,
+        "The growth cap before a job's first run: the most GPUs it may start on.",
+        "sia",
+    ),
+    ConfigKey(
         "policy.default_restart_cost",
         "seconds >= 0",
         30.0,

@@ -39,6 +39,8 @@ class SiaPolicyConfig:
     # The paper's 2x (sia-paper); 4x reaches a job's size in fewer restarts (issue 38's
     # ablation, docs/concepts/policies.md).
     growth_factor: float | None = 4.0
+    # first_gpus: the growth cap before a job's first run (the paper's 1).
+    first_gpus: int = 1
     default_restart_cost: float = 30.0
     max_normalised_goodput: float | None = 3000.0
     time_limit_s: float = 5.0
@@ -86,6 +88,9 @@ def validate_sia_config(config: SiaPolicyConfig) -> list[str]:
         )
     if not config.lambda_a >= 0:
         errors.append(f"SiaPolicyConfig.lambda_a: expected >= 0, got {config.lambda_a}")
+    first = config.first_gpus
+    if isinstance(first, bool) or not isinstance(first, int) or not first >= 1:
+        errors.append(f"SiaPolicyConfig.first_gpus: expected an integer >= 1, got {first!r}")
     if config.growth_factor is not None and not config.growth_factor >= 1:
         errors.append(
             f"SiaPolicyConfig.growth_factor: expected >= 1 or None, got {config.growth_factor}"

@@ -58,11 +58,11 @@ class JobColumns:
 
 def gpu_limits(job: JobView, config: SiaPolicyConfig) -> tuple[int, float]:
     """GPU count range an elastic job may take: ``min_gpus`` up to its own limit and the growth
-    cap (1 GPU before its first run, then ``growth_factor`` x the most it has run on)."""
+    cap (``first_gpus`` before its first run, then ``growth_factor`` x the most it has run on)."""
     upper = math.inf if job.max_gpus is None else float(job.max_gpus)
     if config.growth_factor is not None:
         seen = job.max_gpus_seen
-        cap = config.growth_factor * seen if seen > 0 else 1.0
+        cap = config.growth_factor * seen if seen > 0 else float(config.first_gpus)
         upper = min(upper, max(cap, job.min_gpus))
     return job.min_gpus, upper
 

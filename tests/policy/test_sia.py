@@ -123,6 +123,15 @@ def test_growth_cap_limits_a_job_to_a_multiple_of_its_largest_run():
     assert solve(cluster, [seen_two], NO_CAP).jobs["j"].config.gpus == 16
     new_job = job("j", linear({"A": 1.0}))
     assert solve(cluster, [new_job], SiaPolicyConfig()).jobs["j"].config.gpus == 1
+    started_at_four = SiaPolicyConfig(first_gpus=4)
+    assert solve(cluster, [new_job], started_at_four).jobs["j"].config.gpus == 4
+    assert solve(cluster, [seen_two], started_at_four).jobs["j"].config.gpus == 8  # then 4x seen
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
+def test_first_gpus_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="first_gpus"):
+        SiaPolicyConfig(first_gpus=bad)
 
 
 def test_min_and_max_gpus_bound_the_configuration():
