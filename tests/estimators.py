@@ -103,7 +103,13 @@ class SyntheticEstimator:
         per_gpu = np.array([e.batch_per_gpu for e in estimators])[:, None]
         goodput = speed * gpus / (1.0 + serial * (gpus - 1.0)) / (1.0 + cross * multi)
         batch = (per_gpu * (np.ones_like(gpus) if fixed_batch else gpus)).astype(np.int64)
-        return [make_row(g, b, gpus) for g, b in zip(goodput, batch, strict=True)]
+        batch = np.array(np.broadcast_to(batch, goodput.shape))
+        # Every job's row as views of one array per field, as the real estimator builds them
+        # (sia_slurm/model/estimator.py): rows of thousands of jobs cost one pass, not one each.
+        local = np.maximum(batch // np.maximum(gpus.astype(np.int64), 1), 1)
+        ones, zeros = np.ones_like(goodput), np.zeros_like(batch)
+        fields = (goodput, goodput.copy(), ones, batch, local, zeros)
+        return [GoodputRow(*values) for values in zip(*fields, strict=True)]
 
 
 def random_synthetic_estimator(

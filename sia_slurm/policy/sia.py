@@ -31,7 +31,6 @@ from sia_slurm.policy.base import (
     PolicyInput,
     SolveInfo,
     allocation_from_row,
-    restart_factor,
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
 from sia_slurm.policy.limits import GpuLimit, coupling_rows
@@ -123,6 +122,23 @@ def charged_restarts(job: JobView, config: SiaPolicyConfig) -> int:
     return max(job.restarts - job.requeues, 0)
 
 
+def restart_factors(jobs: Sequence[JobView], config: SiaPolicyConfig) -> np.ndarray:
+    """:func:`~sia_slurm.policy.base.restart_factor` of every job, element-wise in one numpy
+    pass (thousands of jobs in a large round), with the restarts it is charged."""
+    age = np.array([job.age for job in jobs], dtype=np.float64)
+    restarts = np.array([charged_restarts(job, config) for job in jobs], dtype=np.float64)
+    cost = np.array(
+        [
+            config.default_restart_cost if job.restart_cost is None else job.restart_cost
+            for job in jobs
+        ],
+        dtype=np.float64,
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.maximum(age - restarts * cost, 0.0) / (age + cost)
+    return np.where((cost <= 0) | (age < cost), 1.0, factor)
+
+
 def candidate_configs(
     job: JobView, cluster: ClusterView, index: ConfigIndex, config: SiaPolicyConfig
 ) -> tuple[tuple[Configuration, ...], bool, int | None]:
@@ -201,7 +217,7 @@ def column_costs(
     """
     lengths = np.array([row.goodput.shape[0] for row in rows], dtype=np.int64)
     starts = np.r_[0, np.cumsum(lengths)[:-1]].astype(np.int64)
-    goodput = np.concatenate([np.asarray(row.goodput, dtype=np.float64) for row in rows])
+    goodput = np.concatenate([row.goodput for row in rows]).astype(np.float64, copy=False)
     owner = np.repeat(np.arange(len(rows)), lengths)
     valid = np.isfinite(goodput) & (goodput > 0)
     smallest = np.minimum.reduceat(np.where(valid, goodput, np.inf), starts)
@@ -212,18 +228,9 @@ def column_costs(
         (start + c) for start, c in zip(starts.tolist(), currents, strict=True) if c is not None
     ]
     stay[running] = True
-    factor = np.array(
-        [
-            restart_factor(
-                job.age,
-                charged_restarts(job, config),
-                config.default_restart_cost if job.restart_cost is None else job.restart_cost,
-            )
-            if current is not None or config.charge_waiting
-            else 1.0  # a job without GPUs restarts whichever it takes
-            for job, current in zip(jobs, currents, strict=True)
-        ]
-    )
+    charged = np.array([c is not None for c in currents], dtype=bool) | config.charge_waiting
+    # a job without GPUs restarts whichever it takes: not discounted (unless charge_waiting)
+    factor = np.where(charged, restart_factors(jobs, config), 1.0)
     normalised = np.where(stay, normalised, normalised * factor[owner])
     if config.max_normalised_goodput is not None:
         normalised = np.minimum(normalised, config.max_normalised_goodput)
@@ -233,7 +240,8 @@ def column_costs(
     sign = math.copysign(1.0, config.p)
     cost = sign * (config.lambda_n - score) + config.lambda_a * np.where(stay, -1.0, 1.0)
     cost[~valid] = np.nan
-    return np.split(cost, starts[1:])
+    ends = starts + lengths
+    return [cost[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def check_row(job: JobView, configs: Sequence[Configuration], row: GoodputRow) -> None:

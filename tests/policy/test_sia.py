@@ -403,3 +403,26 @@ def test_a_stage_b_answer_no_better_than_stage_a_keeps_stage_b_proof(monkeypatch
     assert len(calls) == 2
     assert result.status == "optimal"
     assert result.chosen is not None and result.chosen.any()  # stage A's answer, not the empty
+
+
+def test_restart_factors_match_the_scalar_restart_factor_job_by_job():
+    """The vectorised factors (one numpy pass per round) are the reference formula's, edge cases
+    included: age below S, S of zero, restarts beyond the age, requeues not charged."""
+    from sia_slurm.policy.base import restart_factor
+
+    estimator = linear({"A": 1.0})
+    jobs = [
+        job(f"j{i}", estimator, age=age, restarts=n, requeues=q, restart_cost=cost)
+        for i, (age, n, q, cost) in enumerate(
+            itertools.product(
+                (0.0, 29.0, 30.0, 100.0, 5000.0), (0, 1, 3, 200), (0, 1), (None, 0.0, 50.0)
+            )
+        )
+        if q <= n
+    ]
+    for config in (SiaPolicyConfig(), SiaPaperPolicyConfig()):
+        got = sia_module.restart_factors(jobs, config)
+        for view, factor in zip(jobs, got, strict=True):
+            cost = config.default_restart_cost if view.restart_cost is None else view.restart_cost
+            charged = sia_module.charged_restarts(view, config)
+            assert factor == pytest.approx(restart_factor(view.age, charged, cost), abs=1e-12)
