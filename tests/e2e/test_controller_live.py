@@ -34,6 +34,7 @@ if str(REPO) not in sys.path:  # so `tests.*` helpers import however pytest was 
 
 from sia_slurm.cluster import BatchChoice, JobPhase, Move, Start  # noqa: E402
 from sia_slurm.config import load_config  # noqa: E402
+from sia_slurm.controller.idle_waits import WaitCause  # noqa: E402
 from sia_slurm.core import Configuration  # noqa: E402
 from sia_slurm.policy.base import NodeShare  # noqa: E402
 from sia_slurm.protocol import (  # noqa: E402
@@ -477,6 +478,10 @@ def test_sigkill_while_waiting_for_a_checkpoint_then_restart_completes_every_job
         assert start["gpus_on_node"] * start["nodes"] == 2
     settled = site.round()  # both at their cap: nothing to move
     assert all(a["kind"] == "rebatch" for a in settled.actions.values()), settled.actions
+    # Issue 38's measure, live: with both jobs active, none waited beside free GPUs (by cause).
+    prom = (site.paths.state_dir / "metrics" / "sia.prom").read_text().splitlines()
+    waits = [line for line in prom if line.startswith("sia_jobs_waiting_beside_free_gpus{")]
+    assert len(waits) == len(WaitCause) and all(line.endswith(" 0") for line in waits), waits
 
     for sia_id in ids:
         site.finish(sia_id)
