@@ -189,6 +189,13 @@ def main() -> None:
         f"makespan {metrics.makespan_h:.2f} h, "
         f"{metrics.gpu_hours_per_job:.2f} GPU-h/job, {metrics.restarts_per_job:.2f} restarts/job"
     )
+    waits = result.wait_totals()
+    job_rounds = max(metrics.active_job_rounds, 1)
+    print(
+        f"waits (issue 38): {waits.job_rounds} job-rounds waiting beside free GPUs, "
+        f"{waits.unplaced_allocations} allocations unplaced "
+        f"({waits.unplaced_allocations / job_rounds:.3%} of {metrics.active_job_rounds} job-rounds)"
+    )
     goal = SCALED_GOAL_S if args.scale else GOAL_S
     verdict = "OK" if wall < goal else "OVER"
     print(f"goal: < {goal:.0f} s wall -> {wall:.1f} s ({verdict}); load {os.getloadavg()}")

@@ -153,8 +153,9 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "policy.p",
         "number != 0",
-        -0.5,
-        "Fairness power: the objective is the sum of `G^p`; p < 0 favours the worst-off jobs.",
+        -0.25,
+        "Fairness power: the objective is the sum of `G^p`; p < 0 favours the worst-off jobs "
+        "(the paper's -0.5 in `sia-paper`).",
         "sia",
     ),
     ConfigKey(
@@ -376,6 +377,7 @@ KEYS: tuple[ConfigKey, ...] = (
 )
 # The paper's Sia (`policy.name: sia-paper`) takes Sia's keys, with its own defaults.
 _SIA_PAPER_DEFAULTS = {
+    "p": -0.5,
     "growth_factor": 2.0,
     "charge_waiting": True,
     "charge_requeues": True,

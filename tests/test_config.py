@@ -35,7 +35,7 @@ def test_example_config_loads() -> None:
     assert config.round_seconds == 60
     assert config.policy.name == "sia"
     assert isinstance(config.policy.params, SiaPolicyConfig)
-    assert config.policy.params.p == -0.5 and config.policy.params.lambda_n == 1.1
+    assert config.policy.params.p == -0.25 and config.policy.params.lambda_n == 1.1
     assert config.policy.params.lambda_a == 0.01
     assert [p.name for p in config.partitions] == ["a100", "rtx", "t4"]
     assert config.partition_of("t4").gpus_per_node == 4

@@ -232,7 +232,7 @@ def test_config_rejects_invalid_sign_combinations(p, lambda_n):
 
 
 def test_config_error_names_fields_and_values():
-    with pytest.raises(ValueError, match=r"lambda_n=-1.1 with p=-0.5"):
+    with pytest.raises(ValueError, match=r"lambda_n=-1.1 with p=-0.25"):
         SiaPolicyConfig(lambda_n=-1.1)
     SiaPolicyConfig(p=0.5, lambda_n=-1.1)  # valid
 
