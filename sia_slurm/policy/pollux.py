@@ -33,7 +33,7 @@ from sia_slurm.policy.base import (
     PolicyInput,
     SolveInfo,
     allocation_from_row,
-    restart_factor,
+    restart_factors,
 )
 from sia_slurm.policy.configs import nodes_needed
 from sia_slurm.policy.parameters import PolluxPolicyConfig
@@ -115,7 +115,11 @@ def build_problem(policy_input: PolicyInput, config: PolluxPolicyConfig) -> Prob
             if share.node in index:
                 previous[j, index[share.node]] = share.gpus
     fixed = np.array([job.restoring or job.kind is JobKind.PINNED for job in jobs], dtype=bool)
-    restart = np.array([restart_factor(job.age, job.restarts, config.restart_cost) for job in jobs])
+    restart = restart_factors(
+        np.array([job.age for job in jobs]),
+        np.array([job.restarts for job in jobs]),
+        np.full(len(jobs), config.restart_cost),
+    )
     return Problem(
         capacity=np.array([node.usable_gpus for node in cluster.nodes], dtype=np.int64),
         node_type=np.array([types.index(node.gpu_type) for node in cluster.nodes]),

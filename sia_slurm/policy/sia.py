@@ -31,6 +31,7 @@ from sia_slurm.policy.base import (
     PolicyInput,
     SolveInfo,
     allocation_from_row,
+    restart_factors,
 )
 from sia_slurm.policy.configs import configuration_set, shape_for
 from sia_slurm.policy.limits import GpuLimit, coupling_rows
@@ -122,7 +123,7 @@ def charged_restarts(job: JobView, config: SiaPolicyConfig) -> int:
     return max(job.restarts - job.requeues, 0)
 
 
-def restart_factors(jobs: Sequence[JobView], config: SiaPolicyConfig) -> np.ndarray:
+def job_restart_factors(jobs: Sequence[JobView], config: SiaPolicyConfig) -> np.ndarray:
     """:func:`~sia_slurm.policy.base.restart_factor` of every job, element-wise in one numpy
     pass (thousands of jobs in a large round), with the restarts it is charged."""
     age = np.array([job.age for job in jobs], dtype=np.float64)
@@ -134,9 +135,7 @@ def restart_factors(jobs: Sequence[JobView], config: SiaPolicyConfig) -> np.ndar
         ],
         dtype=np.float64,
     )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = np.maximum(age - restarts * cost, 0.0) / (age + cost)
-    return np.where((cost <= 0) | (age < cost), 1.0, factor)
+    return restart_factors(age, restarts, cost)
 
 
 def candidate_configs(
@@ -230,7 +229,7 @@ def column_costs(
     stay[running] = True
     charged = np.array([c is not None for c in currents], dtype=bool) | config.charge_waiting
     # a job without GPUs restarts whichever it takes: not discounted (unless charge_waiting)
-    factor = np.where(charged, restart_factors(jobs, config), 1.0)
+    factor = np.where(charged, job_restart_factors(jobs, config), 1.0)
     normalised = np.where(stay, normalised, normalised * factor[owner])
     if config.max_normalised_goodput is not None:
         normalised = np.minimum(normalised, config.max_normalised_goodput)

@@ -421,7 +421,7 @@ def test_restart_factors_match_the_scalar_restart_factor_job_by_job():
         if q <= n
     ]
     for config in (SiaPolicyConfig(), SiaPaperPolicyConfig()):
-        got = sia_module.restart_factors(jobs, config)
+        got = sia_module.job_restart_factors(jobs, config)
         for view, factor in zip(jobs, got, strict=True):
             cost = config.default_restart_cost if view.restart_cost is None else view.restart_cost
             charged = sia_module.charged_restarts(view, config)
