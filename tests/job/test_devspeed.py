@@ -107,8 +107,9 @@ class _Env:
 class _Job:
     """The part of an ElasticJob that pace_step reads."""
 
-    def __init__(self, gpu_type: str):
+    def __init__(self, gpu_type: str, replicas: int = 2):
         self.env = _Env(gpu_type)
+        self.replicas = replicas
 
 
 class _Clock:
@@ -140,6 +141,15 @@ def test_time_waiting_on_peers_is_not_stretched(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(devspeed.SPEED_VARIABLE, "t4=0.25")
     stats = StepStats(started=0.0, sync_ready=1.0, sync_done=1.1)
     assert _pace(_Job("t4"), stats, 0.0, _Clock(1.2), cpu=0.1) == pytest.approx(0.3)
+
+
+def test_a_lone_replica_stretches_its_whole_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One replica (a profiling run's one GPU) waits on no peer: a step of 1 s wall, 0.1 s of
+    CPU (the shared CPU busy elsewhere the rest) sleeps 3 x 1 s, so the type stays 4x slower
+    than a full-speed one under the same load."""
+    monkeypatch.setenv(devspeed.SPEED_VARIABLE, "t4=0.25")
+    stats = StepStats(started=0.0, sync_ready=1.0, sync_done=1.1)
+    assert _pace(_Job("t4", replicas=1), stats, 0.0, _Clock(1.2), cpu=0.1) == pytest.approx(3.0)
 
 
 @pytest.mark.heavy

@@ -10,8 +10,8 @@ here does anything.
 
 What is stretched, and how it is reported: the step's compute runs from its first micro-batch
 (:attr:`StepStats.started`) to the moment its last gradient is ready, just before the last
-all-reduce (:attr:`StepStats.sync_ready`), and is at most the CPU time the process spent in
-the step (never the time it waited on its peers). The sleep happens at the end of the step,
+all-reduce (:attr:`StepStats.sync_ready`); with peers it is at most the CPU time the process
+spent in the step (never the time it waited on them), alone it is the whole wall time. The sleep happens at the end of the step,
 before its time is recorded, and the recorded times are moved as if the compute itself had
 been slower:
 the synchronising micro-batch's step time grows by ``(1/f - 1)`` times its own compute, its
@@ -152,12 +152,16 @@ def pace_step(
     ready = stats.sync_ready if stats.sync_ready is not None else done
     stretch = 1.0 / factor - 1.0
     compute = max(ready - stats.started, 0.0)
-    if cpu_clock is not None:
+    if cpu_clock is not None and job.replicas > 1:
         # The step's own work, not the time it waited on its peers: a rank that waited for a
         # sleeping peer (at the forward's buffer broadcast, the gradient all-reduce) would
         # otherwise sleep 1/f - 1 times that wait too, its peer then the same times its own
         # wait, and the sleeps grew by that factor every step (a 2-replica job on a type of
-        # factor 0.35 stopped dead after ~17 steps, 1.86^17 times its compute)
+        # factor 0.35 stopped dead after ~17 steps, 1.86^17 times its compute).
+        # A lone replica waits on no peer: its wall time beyond its CPU time is the shared CPU
+        # busy elsewhere, which a slower GPU shared as much would stretch too. Capped at its
+        # CPU time, a profiling run (one GPU of each type) measured t4 1.49x slower than a100
+        # instead of 4x at load 8 (the sleep stayed fixed while the load stretched the rest).
         compute = min(compute, max(cpu_clock() - stats.started_cpu, 0.0))
     extra = stretch * compute
     last = extra if last_start is None else stretch * max(ready - last_start, 0.0)
