@@ -5,8 +5,9 @@
 #   - the tests that start no daemon (`-m "not slurm"`: the inner loop and the heavy tier,
 #     `-m "not slurm and not heavy"` and `-m heavy`, in one session), output here as it runs;
 #   - the real-Slurm tests (marked `slurm`: every test that starts daemons, tests/conftest.py)
-#     but those marked one_release, on the host's Slurm (Debian 12: 22.05), tests/e2e in one
-#     session and the rest in another, and those marked one_release in two more;
+#     but those marked one_release, on the host's Slurm (Debian 12: 22.05), tests/e2e (but
+#     profiling's) in one session and the rest in another, and those marked one_release in
+#     two more;
 #   - the same but those marked one_release, on Slurm 24.11 and 26.05, each from its Debian
 #     root (built once by debootstrap, ~1 min each, cached under /var/cache/sia-slurm/roots or
 #     $SIA_SLURM_ROOTS; dev/sia_slurm_dev/chroot.py), two sessions each as well.
@@ -72,10 +73,11 @@ wait_for() {
     return "$code"
 }
 logs=$(mktemp -d /tmp/sia-test-logs.XXXXXX)
-# The Slurm sessions: per release, tests/e2e in one and the other live tests in another, each
-# with its own dev cluster on its own ports (the second 1000 above the first). They spend their
-# time waiting on Slurm and on their jobs (the load stays near 3 on two cores), so side by side
-# they take about as long as the longest; one after the other, a release's took ~40 minutes.
+# The Slurm sessions: per release, tests/e2e but profiling's in one and the other live tests
+# in another, each with its own dev cluster on its own ports (the second 1000 above the
+# first). They spend their time waiting on Slurm and on their jobs (the load stays near 3 on
+# two cores), so side by side they take about as long as the longest; one after the other, a
+# release's took ~40 minutes.
 # Arguments given: one session per release, on what they name.
 declare -a names=() sessions=()
 add_session() {  # NAME RELEASE PORT_BASE SELECTION TARGET...
@@ -95,12 +97,15 @@ for release in system "${releases[@]}"; do
     if [ $# -gt 0 ]; then
         add_session "$release" "$release" "$port" "$every" "$@"
     else
-        add_session "$release-e2e" "$release" "$port" "$every" tests/e2e
-        add_session "$release-rest" "$release" "$((port + 1000))" "$every" tests --ignore=tests/e2e
+        # profiling's every-release tests with the rest: tests/e2e is the longer session
+        add_session "$release-e2e" "$release" "$port" "$every" tests/e2e \
+            --ignore=tests/e2e/test_profiling_live.py
+        add_session "$release-rest" "$release" "$((port + 1000))" "$every" tests \
+            --ignore=tests/e2e tests/e2e/test_profiling_live.py
     fi
 done
-# The tests of the host's release only, in two sessions of their own: profiling's (~8 minutes
-# on a loaded machine) and the others (the controller killed at every step, a 3-minute job...).
+# The tests of the host's release only, in two sessions of their own: profiling's (a real
+# PyTorch job profiled, the service loop's early rounds) and the others (the controller killed at every step, a 3-minute job...).
 if [ $# -gt 0 ]; then
     add_session system-one system "$((base + 2000))" one_release "$@"
 else
