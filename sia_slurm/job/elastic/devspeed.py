@@ -11,9 +11,9 @@ here does anything.
 What is stretched, and how it is reported: the step's compute runs from its first micro-batch
 (:attr:`StepStats.started`) to the moment its last gradient is ready, just before the last
 all-reduce (:attr:`StepStats.sync_ready`); with peers it is at most the CPU time the process
-spent in the step (never the time it waited on them), alone it is the whole wall time. The sleep happens at the end of the step,
-before its time is recorded, and the recorded times are moved as if the compute itself had
-been slower:
+spent in the step (never the time it waited on them), alone it is the whole wall time. The
+sleep happens at the end of the step, before its time is recorded, and the recorded times are
+moved as if the compute itself had been slower:
 the synchronising micro-batch's step time grows by ``(1/f - 1)`` times its own compute, its
 sync time (the all-reduce wait) stays what was measured. Over several accumulated
 micro-batches the whole step sleeps, but only the last micro-batch's share shows in its
