@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from sia_slurm.job.elastic import ElasticDataLoader, ElasticDataParallel, ElasticJob, ElasticTrainer
-from sia_slurm.job.elastic.job_profiling import TRYING_FILE, fit_batch
+from sia_slurm.job.elastic.job_profiling import TRYING_FILE, ProfileSweep, fit_batch, typical_timing
 from sia_slurm.job.elastic.lightning import ElasticStrategy
 from sia_slurm.job.elastic.steps import Batch
 from sia_slurm.job.jobenv import JobEnvironment, JobEnvironmentError
@@ -392,3 +392,19 @@ def test_the_sweep_reads_back_and_the_batch_after_it_is_split_evenly(make_env) -
     assert fit_batch(Batch(7, 7, 0), 3) == Batch(7, 1, 6)
     assert fit_batch(Batch(16, 4, 3), 8) == Batch(16, 4, 3)
     assert fit_batch(Batch(16, 16, 0), None) == Batch(16, 16, 0)
+
+
+def test_a_batch_is_timed_by_its_mean_step_less_the_outliers() -> None:
+    """Steps of 10 ms, a third slowed to 16 ms by a neighbour, one of 200 ms (a checkpoint):
+    the batch's time is the mean of the others (12 ms, what the job's reports would carry),
+    not their median (10 ms), and the checkpoint does not count."""
+    times = [(0.010, 0.001), (0.010, 0.001), (0.016, 0.002)] * 4 + [(0.200, 0.001)]
+    step, sync = typical_timing(times)
+    assert step == pytest.approx(0.012)
+    assert sync == pytest.approx(4 / 3 * 0.001)
+    sweep = ProfileSweep("t4", (8, 16), steps=len(times))
+    for timing in [None, *times]:  # the first step at a batch warms up
+        sweep.record(timing)
+    assert sweep.batch.local_bsz == 16
+    result = sweep.result("me")
+    assert result is not None and result.points[0][:2] == (8, pytest.approx(0.012))
