@@ -89,6 +89,14 @@ add_session() {  # NAME RELEASE PORT_BASE SELECTION TARGET...
     sessions+=("$!")
     pytest_pids+=("$!")
 }
+# The second session's paths: tests/ but tests/e2e, and profiling's file of it. Listed, since
+# pytest drops a path given beside a folder that holds it (`tests --ignore=tests/e2e FILE`
+# collects nothing of FILE).
+rest=()
+for path in tests/*/ tests/test_*.py; do
+    [ "$path" = tests/e2e/ ] || rest+=("$path")
+done
+rest+=(tests/e2e/test_profiling_live.py)
 declare -A first_port=([system]=$base)
 for release in "${releases[@]}"; do first_port[$release]=${port_base[$release]}; done
 every="slurm and not one_release"
@@ -100,8 +108,7 @@ for release in system "${releases[@]}"; do
         # profiling's every-release tests with the rest: tests/e2e is the longer session
         add_session "$release-e2e" "$release" "$port" "$every" tests/e2e \
             --ignore=tests/e2e/test_profiling_live.py
-        add_session "$release-rest" "$release" "$((port + 1000))" "$every" tests \
-            --ignore=tests/e2e tests/e2e/test_profiling_live.py
+        add_session "$release-rest" "$release" "$((port + 1000))" "$every" "${rest[@]}"
     fi
 done
 # The tests of the host's release only, in two sessions of their own: profiling's (a real
