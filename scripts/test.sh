@@ -112,7 +112,8 @@ for release in system "${releases[@]}"; do
     fi
 done
 # The tests of the host's release only, in two sessions of their own: profiling's (a real
-# PyTorch job profiled, the service loop's early rounds) and the others (the controller killed at every step, a 3-minute job...).
+# PyTorch job profiled, the service loop's early rounds) and the others (the controller killed
+# at every step, a 3-minute job...).
 if [ $# -gt 0 ]; then
     add_session system-one system "$((base + 2000))" one_release "$@"
 else

@@ -38,7 +38,6 @@ from tests.e2e.test_controller_live import (  # noqa: E402
 # they add is the job side's sweep and the service loop's timing, and their Slurm commands (one-GPU
 # runs started, moved, stopped) are those of the tests above them.
 pytestmark = [pytest.mark.slurm]
-ONE_RELEASE = pytest.mark.one_release
 __all__ = ["site"]  # the fixture, used by name
 
 
@@ -187,7 +186,7 @@ def test_a_profiling_run_whose_node_dies_resumes_its_profiling(site: Site) -> No
         site.cluster.resume(victim)
 
 
-@ONE_RELEASE
+@pytest.mark.one_release
 def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Site) -> None:
     """The transformer example (ElasticTrainer, real torch, gloo) submitted with sia-sbatch
     and no profile: sia-launch gives its run the sweep, the job measures each type it is
@@ -254,7 +253,7 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     assert site.job_phases()[sia_id] == "done"
 
 
-@ONE_RELEASE
+@pytest.mark.one_release
 def test_the_loop_moves_a_profiling_job_as_soon_as_it_has_measured(site: Site) -> None:
     """The controller's loop (systemd's way, as the service account) with rounds an hour
     apart: the job starts at the loop's first round, and each measurement it writes brings

@@ -103,8 +103,8 @@ def typical_timing(times: list[Timing]) -> Timing:
 
     The mean, because that is what the job's reports carry (the means of each interval) and
     what its throughput is: on a busy machine most steps are quick and some are slowed by a
-    neighbour (a transformer's 800 steps at load 12: median 28.5 ms, mean 33.7 ms), and a
-    model built from the median predicted the job that much too fast. Less the outliers,
+    neighbour (a transformer's 800 steps at load 12: median 28.5 ms, mean 33.7 ms), so a
+    model built from the median predicts the job faster than its reports show. Less the outliers,
     because one step slowed by something else (a checkpoint, a garbage collection) must not
     make a small batch look slower than a larger one."""
     median = statistics.median(t for t, _ in times)
