@@ -23,8 +23,8 @@ ElasticTrainer, gloo) under one app name:
    predict: the same step's 0.25 s means spread by 18% (coefficient of variation), its 10 s
    means by 6% (docs/profiling.md, "Accuracy").
 
-Run as root (it starts the daemons): ``python -m benchmarks.profiling_live`` (about 10 minutes on
-2 cores). Prints two tables.
+Run as root (it starts the daemons): ``python -m benchmarks.profiling_live`` (about 20 minutes on
+2 cores). Prints three tables.
 """
 
 from __future__ import annotations

@@ -138,11 +138,13 @@ as "$account" "$python" -m sia_slurm.cli config check --live "$config"
 export SIA_SLURM_CONFIG=$config
 
 submitted=0
-submit() { # submit NAME APP MAX_GPUS -- COMMAND...  (APP "-": no profile, profiled first)
+# submit NAME APP MAX_GPUS -- COMMAND...: APP "-" has no profile and is profiled first, at M0
+# $m0 (12 unless set) with the LR rule's limit $max_batch (384 unless set)
+submit() {
     local name=$1 app=$2 max_gpus=$3 model
     shift 4
     model=(--app "$app")
-    [ "$app" = - ] && model=(--batch-size 12 --max-batch-size 384) # M0 and the LR rule's limit
+    [ "$app" = - ] && model=(--batch-size "${m0:-12}" --max-batch-size "${max_batch:-384}")
     (cd "$dir/jobs-out" && as "$user" "$python" -m sia_slurm.job.sbatch --config "$config" \
         "${model[@]}" --max-gpus "$max_gpus" --job-name "$name" \
         --output "$dir/jobs-out/$name.out" \
@@ -163,8 +165,10 @@ emulated bert-a bert 4 4 480
 emulated yolov3-a yolov3 4 6 480
 emulated cifar10-c cifar10 8 20 32768
 emulated imagenet-a imagenet 4 8 8000
-submit cnn-real cifar10 2 -- "$python" -m sia_slurm.job.examples.cnn --epochs 20 --dataset-size 4096
-# A model sia-slurm has no profile of: profiled on one GPU of each type first (docs/profiling.md)
+# Models sia-slurm has no profile of: profiled on one GPU of each type first (docs/profiling.md),
+# the CNN at cifar10's M0 and largest batch (it once borrowed that app's profile)
+m0=128 max_batch=4096 submit cnn-real - 2 -- "$python" -m sia_slurm.job.examples.cnn \
+    --epochs 20 --dataset-size 4096
 submit transformer-real - 2 -- "$python" -m sia_slurm.job.examples.transformer --epochs 6
 
 say "controller: sia-slurm controller run as $account (rounds of $round_s s; log $dir/controller.log)"
