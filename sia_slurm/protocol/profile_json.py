@@ -229,14 +229,37 @@ def measured_problems(profile: AppProfile, required_types: Collection[str]) -> l
     return problems
 
 
+def _undercuts(step_time: float, smaller: float) -> bool:
+    """Whether a step of ``step_time`` is too fast for a larger batch than one of ``smaller``."""
+    return step_time < smaller * (1 - POINT_SLACK) and smaller - step_time > POINT_NOISE_S
+
+
 def _shrinking(points: list[tuple[int, float]]) -> str:
     """How ``(local batch, step time)`` points, sorted by batch, shrink where they must grow."""
     slowest = 0.0
     for local_bsz, step_time in points:
-        if step_time < slowest * (1 - POINT_SLACK) and slowest - step_time > POINT_NOISE_S:
+        if _undercuts(step_time, slowest):
             return (
                 f"{step_time:.4g} s at a per-GPU batch of {local_bsz}, under half the "
                 f"{slowest:.4g} s of a smaller batch"
             )
         slowest = max(slowest, step_time)
     return ""
+
+
+def undercut_batches(points: Sequence[tuple[int, float]]) -> set[int]:
+    """The batches of ``(local batch, step time)`` points, sorted by batch, that a larger
+    batch's point undercuts under the growth rule of :func:`measured_problems`: without them
+    the rest passes it. For the job side, before it reports its sweep: a smaller batch that a
+    larger one undercuts by that much was slowed by a busy moment (a larger batch cannot be
+    that much faster, and a step is never faster than the machine), so its point is left out
+    rather than the whole type refused and measured again in another run."""
+    kept: list[tuple[int, float]] = []
+    dropped: set[int] = set()
+    for local_bsz, step_time in points:
+        for smaller, smaller_time in list(kept):
+            if _undercuts(step_time, smaller_time):
+                kept.remove((smaller, smaller_time))
+                dropped.add(smaller)
+        kept.append((local_bsz, step_time))
+    return dropped

@@ -99,6 +99,25 @@ def test_a_measured_step_under_half_a_smaller_batchs_is_refused() -> None:
     assert _shrinking([(8, 0.10), (16, 0.20), (32, 0.12), (64, 0.40)]) == ""  # noise: kept
 
 
+def test_the_batches_a_larger_one_undercuts_are_those_the_rule_refuses() -> None:
+    """The demo's transformer on t4 under the load of ten jobs (2026-12-02): its sweep's first
+    batch 35.6 ms, the next 17.0 ms, refused. Without the undercut batch the rest passes;
+    a point within the noise, or a larger batch merely slower, is kept; a larger batch that
+    undercuts several smaller ones drops each of them."""
+    from sia_slurm.protocol.profile_json import _shrinking, undercut_batches
+
+    demo = [(2, 0.03557), (4, 0.01698), (8, 0.0190), (16, 0.0231)]
+    assert _shrinking(demo) != ""
+    assert undercut_batches(demo) == {2}
+    assert _shrinking([p for p in demo if p[0] not in undercut_batches(demo)]) == ""
+    assert undercut_batches([(1, 0.005043), (4, 0.002433), (8, 0.002737)]) == set()  # noise
+    assert undercut_batches([(8, 0.10), (16, 0.20), (32, 0.12)]) == set()
+    spike = [(8, 0.30), (16, 0.32), (32, 0.10), (64, 0.15)]
+    assert undercut_batches(spike) == {8, 16}
+    assert _shrinking([p for p in spike if p[0] not in undercut_batches(spike)]) == ""
+    assert undercut_batches([]) == set()
+
+
 def test_steps_of_a_few_milliseconds_may_shrink_by_the_timing_noise() -> None:
     """A transformer's sweep on a100 at load 20 (a live test's run): half of batch 1's step at
     batch 4, but 2.6 ms apart, within a busy machine's timing noise: kept. Halved 12 ms

@@ -53,7 +53,7 @@ from sia_slurm.job.jobenv import JobEnvironment
 from sia_slurm.protocol import StatePaths
 from sia_slurm.protocol.observation import Observation
 from sia_slurm.protocol.profile import AppProfile
-from sia_slurm.protocol.profile_json import profile_to_json
+from sia_slurm.protocol.profile_json import profile_to_json, undercut_batches
 from sia_slurm.safefiles import write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -184,10 +184,23 @@ class ProfileSweep:
         self._running = self._index < len(self.batches)
 
     def result(self, measured_by: str) -> MeasuredType | None:
-        """What the sweep measured (``None``: not one batch)."""
+        """What the sweep measured (``None``: not one batch): its largest batch that fitted,
+        and its points less those of smaller batches that a larger batch undercuts beyond the
+        controller's growth rule (``undercut_batches``: a busy moment slowed them; reported,
+        the whole type would be refused and measured again in another run, one more restart)."""
         if not self._points:
             return None
-        return MeasuredType(self._points[-1][0], tuple(self._points), measured_by)
+        dropped = undercut_batches([(b, step) for b, step, _ in self._points])
+        if dropped:
+            logger.warning(
+                "profiling %s: %s left out, slower than a larger batch by more than timing "
+                "noise: %s",
+                self.gpu_type,
+                "per-GPU batch " + ", ".join(str(b) for b in sorted(dropped)),
+                ", ".join(f"{b}: {t:.4g} s" for b, t, _ in self._points),
+            )
+        points = tuple(p for p in self._points if p[0] not in dropped)
+        return MeasuredType(self._points[-1][0], points, measured_by)
 
 
 class JobProfiling:
