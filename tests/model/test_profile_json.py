@@ -7,6 +7,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sia_slurm.protocol import ProtocolError
 from sia_slurm.protocol.profile import load_profiles
@@ -116,6 +118,21 @@ def test_the_batches_a_larger_one_undercuts_are_those_the_rule_refuses() -> None
     assert undercut_batches(spike) == {8, 16}
     assert _shrinking([p for p in spike if p[0] not in undercut_batches(spike)]) == ""
     assert undercut_batches([]) == set()
+
+
+@given(st.lists(st.floats(0.0005, 2.0), min_size=1, max_size=12))
+def test_what_the_job_side_keeps_always_passes_the_controllers_rule(times: list[float]) -> None:
+    """Any sweep's step times (per batch 1, 2, 4, ...): the points left after the undercut
+    batches are dropped pass the growth rule, the largest batch is never dropped, and a
+    sweep the rule already passes loses nothing."""
+    from sia_slurm.protocol.profile_json import _shrinking, undercut_batches
+
+    points = [(2**i, t) for i, t in enumerate(times)]
+    dropped = undercut_batches(points)
+    assert _shrinking([p for p in points if p[0] not in dropped]) == ""
+    assert points[-1][0] not in dropped
+    if _shrinking(points) == "":
+        assert dropped == set()
 
 
 def test_steps_of_a_few_milliseconds_may_shrink_by_the_timing_noise() -> None:
