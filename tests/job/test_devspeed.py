@@ -135,6 +135,14 @@ def _pace(
     )
 
 
+def test_ddps_own_forward_work_is_not_stretched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.4 s from the first micro-batch to the last gradient, 0.1 s of it DDP's forward
+    before the model's (its buffer broadcast): factor 0.25 sleeps 3 x 0.3 s."""
+    monkeypatch.setenv(devspeed.SPEED_VARIABLE, "t4=0.25")
+    stats = StepStats(started=10.0, sync_ready=10.4, sync_done=10.45, ddp_forward_s=0.1)
+    assert _pace(_Job("t4"), stats, 10.0, _Clock(10.5)) == pytest.approx(0.9)
+
+
 def test_time_waiting_on_peers_is_not_stretched(monkeypatch: pytest.MonkeyPatch) -> None:
     """A step that took 1 s, of which its own work was 0.1 s of CPU (it waited 0.9 s for a
     slower peer): it sleeps 3 x 0.1 s, not 3 x 1 s."""

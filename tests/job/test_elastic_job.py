@@ -7,6 +7,7 @@ scaling; a state that a weights_only load would refuse fails at the first save."
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -122,6 +123,21 @@ def test_stop_mid_epoch_resumes_on_another_batch_with_state_and_rng(make_env) ->
 # Heavy: its two persistent workers, collected with the loader some tests later, take 10 s
 # (5 s each) to stop.
 @pytest.mark.heavy
+def test_the_time_ddp_spends_before_the_models_forward_is_kept_apart(make_env) -> None:  # type: ignore[no-untyped-def]
+    """DDP's forward does work of its own before the model's (its buffer broadcast, a
+    collective that waits on the peers): the wrapper keeps that time apart in the step's
+    stats, and a dev cluster's slower type does not stretch it (devspeed.pace_step). Made
+    measurable here: 20 ms of it before DDP's forward, 20 ms inside the model's."""
+    env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
+    run = Run(env)
+    run.ddp.ddp.register_forward_pre_hook(lambda _m, _a: time.sleep(0.02))
+    run.model.register_forward_pre_hook(lambda _m, _a: time.sleep(0.02))  # after the wrapper's
+    spent: list[float] = []
+    run.train(1, after=lambda r: spent.append(r.job.stats.ddp_forward_s))
+    assert len(spent) == SIZE // 8
+    assert all(0.02 <= s < 0.04 for s in spent), spent
+
+
 def test_rebatch_with_prefetching_workers_keeps_every_sample_once(make_env) -> None:  # type: ignore[no-untyped-def]
     env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
     paths = StatePaths(env.state_dir)

@@ -86,6 +86,8 @@ class ElasticDataParallel(torch.nn.Module):
         self._hooks: list[Any] = []  # armed only for steps that need them (arm_hooks)
         if self._params:  # backward computes the first parameter's gradient last (DDP's order)
             self._params[0].register_hook(self._on_last_gradient)
+        self._module_started: float | None = None
+        module.register_forward_pre_hook(self._on_module_forward)
         # one replica without accumulation: the previous step's gradient, copied over in place
         self.previous_gradient: dict[int, torch.Tensor] = {}
         self._patch_optimizer()
@@ -103,9 +105,18 @@ class ElasticDataParallel(torch.nn.Module):
         return not self.job.accumulating
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self.job.stats.forwarded = True
+        stats = self.job.stats
+        stats.forwarded = True
         self.ddp.require_backward_grad_sync = not self.job.accumulating
-        return self.ddp(*args, **kwargs)
+        self._module_started = None
+        called = time.perf_counter()
+        output = self.ddp(*args, **kwargs)
+        if self._module_started is not None:  # DDP's own work before the model's forward
+            stats.ddp_forward_s += max(self._module_started - called, 0.0)
+        return output
+
+    def _on_module_forward(self, _module: torch.nn.Module, _inputs: Any) -> None:
+        self._module_started = time.perf_counter()
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """``torch.nn.utils.clip_grad_norm_`` of the averaged gradient, on the step's last

@@ -76,5 +76,8 @@ class StepStats:
     sync_ready: float | None = None
     sync_done: float | None = None
     forwarded: bool = False  # a forward pass went through the model wrapper
+    # seconds DDP's forward spent before the model's own (its buffer broadcast, a collective
+    # that waits on the peers): not compute, so a dev cluster's slower type does not stretch it
+    ddp_forward_s: float = 0.0
     reduced: bool = False  # the reduced gradient was averaged and measured
     scaled: bool = False  # the gradients still carry the GradScaler's scale
