@@ -22,7 +22,7 @@ TESTS = Path(__file__).resolve().parent
 # What makes a test heavy, by the name its module calls it by.
 HEAVY_CALLS = {
     "run_two_ranks": "two gloo training processes (tests/job/gloo.py)",
-    "_run_ranks": "four gloo training processes (tests/job/test_emulated_traces.py)",
+    "run_ranks": "gloo training processes (tests/job/gloo.py)",
     "run_chromium": "a headless browser (tests/report/test_site.py)",
     "run_example": "an example trainer trained until it learns (tests/job/test_examples.py)",
 }

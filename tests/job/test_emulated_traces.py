@@ -4,8 +4,6 @@ simulator does, not the 1-GPU profile's (docs/fidelity.md: the yolov3 gap)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from sia_slurm.protocol.profile import default_profiles_dir, load_profiles
 from sia_slurm.sim.apps import default_traces_dir
 from sia_slurm.sim.groundtruth import GroundTruth
 from tests.job.conftest import MakeEnv
-from tests.job.gloo import REPO, free_port
+from tests.job.gloo import run_ranks
 
 
 def _times(env: JobEnvironment) -> StepTimes:
@@ -64,25 +62,6 @@ def test_an_optimizer_step_counts_every_micro_batch_and_one_all_reduce() -> None
     assert EmulatedTimes(0.2, 0.05).scaled(2.0) == EmulatedTimes(0.4, 0.1)
 
 
-def _run_ranks(command: list[str], env: JobEnvironment, count: int, timeout_s: float) -> list[int]:
-    """``command`` as ranks 0..count-1 of ``env``'s job, as torchrun starts them (gloo)."""
-    base = {
-        **os.environ,
-        **env.to_env(),
-        "PYTHONPATH": str(REPO),
-        "WORLD_SIZE": str(count),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": "1",
-    }
-    base.pop("SIA_DEVCLUSTER_SPEED", None)
-    procs = [
-        subprocess.Popen(command, cwd=REPO, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(count)
-    ]
-    return [p.wait(timeout=timeout_s) for p in procs]
-
-
 @pytest.mark.heavy
 def test_a_4_gpu_run_reports_the_traces_4_gpu_step_and_sync_time(make_env: MakeEnv) -> None:
     """bert on rtx, 4 replicas of 8: the traces' 4-GPU step is 0.58 s, 0.24 s of it the
@@ -103,7 +82,7 @@ def test_a_4_gpu_run_reports_the_traces_4_gpu_step_and_sync_time(make_env: MakeE
     steps = 5
     command = [sys.executable, "-m", "sia_slurm.job.examples.emulated", "--progress", "raw"]
     command += ["--max-steps", str(steps), "--epochs", "1", "--dataset-size", "640"]
-    assert _run_ranks(command, env, 4, 300) == [0, 0, 0, 0]
+    assert run_ranks(command, env, 300, count=4, unset=("SIA_DEVCLUSTER_SPEED",)) == [0] * 4
     report = json.loads((env.state_dir / "jobs" / env.sia_id / "metrics.json").read_text())
     assert report["steps"] == steps and report["gpus"] == 4
     step_s = expected.step_s(1)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import zygote
 
 pytestmark = pytest.mark.heavy
 
@@ -17,12 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_example(module: str, *args: str) -> None:
-    subprocess.run(
+    """``python -m sia_slurm.job.examples.MODULE ARGS``, forked from a zygote that has
+    imported PyTorch (tests/zygote.py)."""
+    zygote.run(
         [sys.executable, "-m", f"sia_slurm.job.examples.{module}", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=True,
-        capture_output=True,
         timeout=120,
     )
 

@@ -33,7 +33,8 @@ from sia_slurm.protocol import (
     write_document,
 )
 from sia_slurm.safefiles import read_json
-from tests.job.gloo import run_two_ranks
+from tests import zygote
+from tests.job.gloo import run_ranks
 
 SIZE = 40
 
@@ -172,7 +173,8 @@ def test_the_lightning_example_trains_two_gloo_replicas(tmp_path: Path, make_env
         sys.executable, "-m", "sia_slurm.job.examples.lightning_elastic", "--epochs", "2",
         "--dataset-size", "48", "--workers", "0", "--sample-log", str(tmp_path / "log"),
     ]  # fmt: skip
-    assert run_two_ranks(command, env, 180) == [0, 0]
+    preload = (*zygote.TORCH, "lightning.pytorch")
+    assert run_ranks(command, env, 180, preload=preload) == [0, 0]
     rows = [
         (rank, json.loads(line))
         for rank in range(2)
