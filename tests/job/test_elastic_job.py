@@ -6,6 +6,7 @@ scaling; a state that a weights_only load would refuse fails at the first save."
 
 from __future__ import annotations
 
+import gc
 import signal
 import time
 from collections import Counter
@@ -120,9 +121,6 @@ def test_stop_mid_epoch_resumes_on_another_batch_with_state_and_rng(make_env) ->
     assert second.scheduler.last_epoch == 3
 
 
-# Heavy: its two persistent workers, collected with the loader some tests later, take 10 s
-# (5 s each) to stop.
-@pytest.mark.heavy
 def test_the_time_ddp_spends_before_the_models_forward_is_kept_apart(make_env) -> None:  # type: ignore[no-untyped-def]
     """DDP's forward does work of its own before the model's (its buffer broadcast, a
     collective that waits on the peers): the wrapper keeps that time apart in the step's
@@ -288,3 +286,25 @@ def test_the_lr_rule_follows_the_optimizer_unless_given() -> None:
     assert default_rule(torch.optim.SGD(params, lr=0.1)) == "adascale"
     assert default_rule(torch.optim.AdamW(params)) == "sqrt"
     assert LRScaling(lambda scale: scale**0.25, 8).factor(128, GradientNoise(8)) == 2.0
+
+
+def test_a_dropped_loader_stops_its_workers_at_once(make_env) -> None:  # type: ignore[no-untyped-def]
+    """Mid-epoch, its two workers prefetching: a loader freed by its last reference (the
+    collector off) stops them then. A reference cycle through the DataLoader's batch sampler
+    left it to the collector, whose teardown took 10 s at whatever step it ran."""
+    env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
+    run = Run(env, workers=2)
+    passing = iter(run.loader)
+    next(passing)
+    workers = list(run.loader._loader._iterator._workers)
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    gc.disable()
+    try:
+        started = time.monotonic()
+        del passing
+        run.loader = None  # type: ignore[assignment]
+        stopped = time.monotonic() - started
+    finally:
+        gc.enable()
+    assert not any(w.is_alive() for w in workers)
+    assert stopped < 3.0, stopped  # each unfinished worker costs 5 s

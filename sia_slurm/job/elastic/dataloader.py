@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -113,38 +114,57 @@ class ElasticDataLoader:
 
     def plans(self) -> Iterator[StepPlan]:
         """The steps from the committed position on, planned ahead for the workers."""
-        job, committed = self.job, self.sampler
-        cursor = ElasticSampler(
-            committed.dataset_size, seed=committed.seed, shuffle=committed.shuffle
+        return _plans(self.job, self.sampler)
+
+
+def _plans(job: ElasticJob, committed: ElasticSampler) -> Iterator[StepPlan]:
+    """:meth:`ElasticDataLoader.plans`, holding no reference to the loader (see _StepSampler)."""
+    cursor = ElasticSampler(committed.dataset_size, seed=committed.seed, shuffle=committed.shuffle)
+    cursor.load_state_dict(committed.state_dict())
+    batch, steps = job.batch, job.step
+    while job.max_steps is None or steps < job.max_steps:
+        plan = cursor.plan(
+            batch_size=batch.batch_size,
+            local_bsz=batch.local_bsz,
+            accum_steps=batch.accum_steps,
+            rank=job.rank,
+            replicas=job.replicas,
         )
-        cursor.load_state_dict(committed.state_dict())
-        batch, steps = job.batch, job.step
-        while job.max_steps is None or steps < job.max_steps:
-            plan = cursor.plan(
-                batch_size=batch.batch_size,
-                local_bsz=batch.local_bsz,
-                accum_steps=batch.accum_steps,
-                rank=job.rank,
-                replicas=job.replicas,
-            )
-            if plan is None:
-                return
-            yield plan
-            cursor.advance(plan)
-            steps += 1
+        if plan is None:
+            return
+        yield plan
+        cursor.advance(plan)
+        steps += 1
 
 
 class _StepSampler(Sampler[list[int]]):
     """The DataLoader's batch sampler: one list of indices per micro-batch, in step order,
-    with the micro-batch's place recorded for the loader (the DataLoader keeps order)."""
+    with the micro-batch's place recorded for the loader (the DataLoader keeps order).
+
+    It holds its loader weakly: the loader holds the DataLoader, which holds its iterator
+    (persistent workers) and this sampler. A strong reference back made a cycle, so a dropped
+    loader (one made again each epoch, Lightning's reloading) was freed only by the garbage
+    collector, whenever it next ran, mid-step: its iterator's finalizer then waited 5 s for
+    each worker, whose queues the collector had torn down first (10 s with 2 workers). Freed
+    by its last reference instead, the loader stops its workers at once."""
 
     def __init__(self, loader: ElasticDataLoader):
-        self._loader = loader
+        self._loader_ref = weakref.ref(loader)
+
+    @property
+    def _loader(self) -> ElasticDataLoader:
+        loader = self._loader_ref()
+        if loader is None:
+            raise ElasticJobError("ElasticDataLoader: iterated after the loader was dropped")
+        return loader
 
     def __iter__(self) -> Iterator[list[int]]:
-        pending = self._loader._pending
-        replicas = self._loader.job.replicas
-        for plan in self._loader.plans():
+        # what the pass needs, and not the loader: the DataLoader's iterator keeps this generator
+        loader = self._loader
+        pending, job, committed = loader._pending, loader.job, loader.sampler
+        replicas = job.replicas
+        del loader
+        for plan in _plans(job, committed):
             for micro in plan_micro_batches(plan, replicas):
                 pending.append(micro)
                 yield micro.indices
