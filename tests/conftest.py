@@ -21,7 +21,9 @@ tear down, the clusters with them (tests/slurm/test_sigterm_teardown.py).
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 import signal
 import sys
@@ -83,6 +85,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "the slurm mark), which are never heavy: " + ", ".join(inherited) + "; mark that "
             "module's or class's heavy tests one by one instead (docs/testing.md, 'Tiers')"
         )
+
+
+def may_select_slurm_tests(expression: str | None) -> bool:
+    """Whether ``-m EXPRESSION`` can select a ``slurm`` test, whatever its other marks."""
+    if not expression:
+        return True
+    from _pytest.mark.expression import Expression
+
+    try:
+        compiled = Expression.compile(expression)
+    except Exception:  # a bad expression: pytest says so itself; decide safely here
+        return True
+    names = sorted(set(re.findall(r"[A-Za-z_][\w.-]*", expression)) - {"and", "or", "not", "slurm"})
+    for count in range(len(names) + 1):
+        for marks in itertools.combinations(names, count):
+            chosen = {"slurm", *marks}
+            if compiled.evaluate(lambda name, /, chosen=chosen, **_: name in chosen):
+                return True
+    return False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml's addopts): a worker per core for a session that can select
+    no ``slurm`` test (``-m "not slurm"``, the inner loop and the heavy tier), none otherwise:
+    the live tests share their session's dev cluster, a fixture of one process.
+
+    With a test per core, each worker's thread pools get one thread (unless set): OpenBLAS's,
+    as every sia-slurm program runs it (sia_slurm/clicommon.py), and PyTorch's intra-op pool,
+    as the example trainers set it. Set here, before the workers start and load numpy: pools
+    of spinning threads on each worker cost 2 cores a sixth of the session's CPU."""
+    if may_select_slurm_tests(config.option.markexpr):
+        return 0
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return len(os.sched_getaffinity(0))
 
 
 class SessionTerminated(KeyboardInterrupt):

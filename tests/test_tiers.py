@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import DAEMON_FIXTURES
+import pytest
+
+from tests.conftest import DAEMON_FIXTURES, may_select_slurm_tests
 
 TESTS = Path(__file__).resolve().parent
 
@@ -101,3 +103,26 @@ def test_no_test_that_starts_processes_a_browser_or_a_build_is_in_the_inner_loop
     # A helper renamed or gone would leave the check looking at nothing.
     used = set().union(*(test.heavy_because for test in tests))
     assert used == set(HEAVY_CALLS) | set(HEAVY_FIXTURES)
+
+
+@pytest.mark.parametrize(
+    ("expression", "parallel"),
+    [
+        ("not slurm", True),
+        ("not slurm and not heavy", True),
+        ("heavy and not slurm", True),
+        (None, False),
+        ("", False),
+        ("slurm", False),
+        ("slurm and not one_release", False),
+        ("one_release", False),
+        ("heavy", False),  # as an expression, it does not rule a slurm test out
+        ("not slurm or heavy", False),
+        ("not (slurm", False),  # pytest refuses it itself
+    ],
+)
+def test_a_session_runs_on_every_core_only_if_it_can_select_no_slurm_test(
+    expression: str | None, parallel: bool
+) -> None:
+    """``-n auto``: the live tests share a dev cluster, a session fixture of one process."""
+    assert may_select_slurm_tests(expression) is not parallel
