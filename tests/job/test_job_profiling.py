@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as L
 import pytest
 import torch
 from torch.nn import functional as F
@@ -22,7 +21,6 @@ from torch.utils.data import TensorDataset
 
 from sia_slurm.job.elastic import ElasticDataLoader, ElasticDataParallel, ElasticJob, ElasticTrainer
 from sia_slurm.job.elastic.job_profiling import TRYING_FILE, ProfileSweep, fit_batch, typical_timing
-from sia_slurm.job.elastic.lightning import ElasticStrategy
 from sia_slurm.job.elastic.steps import Batch
 from sia_slurm.job.jobenv import JobEnvironment, JobEnvironmentError
 from sia_slurm.protocol import StatePaths, StopRequest, write_document
@@ -313,35 +311,47 @@ def test_a_ddp_loop_sweeps_and_a_run_that_died_mid_sweep_is_remembered(
 # ---- Lightning -------------------------------------------------------------------------------
 
 
-class Regression(L.LightningModule):
-    def __init__(self, job: ElasticJob, oom_from: int | None = None):
-        super().__init__()
-        self.model = Model()
-        self.job = job
-        self.oom_from = oom_from
-        self.seen: Counter[tuple[int, int]] = Counter()
-        self.plans: list[Plan] = []
+def lightning_regression() -> tuple[Any, Any, Any]:
+    """Lightning, ElasticStrategy and a module of :class:`Model`, imported when the test runs:
+    Lightning's import (3.5 s of CPU) stays out of collection, which every xdist worker
+    repeats."""
+    import lightning.pytorch as L
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y, indices = batch
-        if self.oom_from is not None and len(x) >= self.oom_from:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory (faked by the test)")
-        self.seen.update((self.current_epoch, int(i)) for i in indices)
-        if self.job.current is not None and self.job.current.last:
-            self.plans.append((len(x), self.job.batch.accum_steps + 1))
-        return F.mse_loss(self.model(x), y)
+    from sia_slurm.job.elastic.lightning import ElasticStrategy
 
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+    class Regression(L.LightningModule):
+        def __init__(self, job: ElasticJob, oom_from: int | None = None):
+            super().__init__()
+            self.model = Model()
+            self.job = job
+            self.oom_from = oom_from
+            self.seen: Counter[tuple[int, int]] = Counter()
+            self.plans: list[Plan] = []
 
-    def train_dataloader(self) -> ElasticDataLoader:
-        return ElasticDataLoader(dataset(), job=self.job)
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y, indices = batch
+            if self.oom_from is not None and len(x) >= self.oom_from:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (faked by the test)")
+            self.seen.update((self.current_epoch, int(i)) for i in indices)
+            if self.job.current is not None and self.job.current.last:
+                self.plans.append((len(x), self.job.batch.accum_steps + 1))
+            return F.mse_loss(self.model(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> ElasticDataLoader:
+            return ElasticDataLoader(dataset(), job=self.job)
+
+    return L, ElasticStrategy, Regression
 
 
+@pytest.mark.xdist_group("lightning")  # one worker imports Lightning
 @pytest.mark.parametrize(("memory", "oom_from"), [("a100=8", None), ("", 8)])
 def test_lightning_sweeps_to_the_memory_limit_or_the_first_out_of_memory_error(
     make_env, monkeypatch: pytest.MonkeyPatch, memory: str, oom_from: int | None
 ) -> None:  # type: ignore[no-untyped-def]
+    L, ElasticStrategy, Regression = lightning_regression()
     monkeypatch.setenv(MEMORY, memory)
     env = profiling_env(make_env)
     job = ElasticJob(env, install_signal_handlers=False)

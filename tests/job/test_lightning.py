@@ -10,18 +10,13 @@ import json
 import os
 import signal
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as L
 import pytest
 import torch
-from torch.nn import functional as F
-from torch.utils.data import TensorDataset
 
-from sia_slurm.job.elastic import CheckpointManager, ElasticDataLoader, ElasticJob
-from sia_slurm.job.elastic.lightning import ElasticStrategy
+from sia_slurm.job.elastic import CheckpointManager
 from sia_slurm.job.jobenv import JobEnvironment
 from sia_slurm.job.runs import training_name
 from sia_slurm.protocol import (
@@ -36,70 +31,23 @@ from sia_slurm.safefiles import read_json
 from tests import zygote
 from tests.job.gloo import run_ranks
 
+# Lightning's import comes with fit, when a test runs (tests/job/lightning_fit.py); the size of
+# its dataset (lightning_fit.SIZE: every test here checks each sample was seen once)
 SIZE = 40
 
 
-class Regression(L.LightningModule):
-    """A linear model that records what it trained on; ``after(module)`` runs after each
-    optimizer step (the job's step count moved)."""
+def fit(env: JobEnvironment, epochs: int, after: Any = None, signals: bool = False) -> Any:
+    from tests.job import lightning_fit
 
-    def __init__(self, job: ElasticJob, after: Any = None):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Linear(4, 1)
-        self.job = job
-        self.after = after
-        self.seen: Counter[tuple[int, int]] = Counter()
-        self.steps_seen = job.step
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(SIZE, 4, generator=gen)
-        y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(SIZE, generator=gen)
-        self.dataset = TensorDataset(x, y, torch.arange(SIZE))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y, indices = batch
-        self.seen.update((self.current_epoch, int(i)) for i in indices)
-        return F.mse_loss(self.net(x).squeeze(1), y)
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.after is not None and self.job.step != self.steps_seen:
-            self.steps_seen = self.job.step
-            self.after(self)
-
-    def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
-
-    def train_dataloader(self) -> ElasticDataLoader:
-        return ElasticDataLoader(self.dataset, job=self.job)
+    return lightning_fit.fit(env, epochs, after, signals)
 
 
-def fit(
-    env: JobEnvironment, epochs: int, after: Any = None, signals: bool = False
-) -> tuple[ElasticJob, Regression]:
-    job = ElasticJob(env, install_signal_handlers=signals, noise_decay=0.0, control_interval=1)
-    module = Regression(job, after)
-    trainer = L.Trainer(
-        strategy=ElasticStrategy(job=job, lr_scaling="none"),
-        accelerator="cpu",
-        devices=1,
-        max_epochs=epochs,
-        gradient_clip_val=100.0,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-    )
-    trainer.fit(module)
-    return job, module
-
-
+@pytest.mark.xdist_group("lightning")  # one worker imports Lightning
 def test_a_lightning_trainer_stops_resumes_on_another_batch_and_rebatches(make_env) -> None:  # type: ignore[no-untyped-def]
     env = make_env(batch_size=8, local_bsz=4, accum_steps=1, init_batch_size=8, linger_s=0.1)
     paths = StatePaths(env.state_dir)
 
-    def request_stop(module: Regression) -> None:
+    def request_stop(module: Any) -> None:
         if module.job.step == 2:  # obeyed after step 3 (index 2), mid-epoch
             write_document(paths.stop_request(env.sia_id), StopRequest(env.sia_id, 2))
 
@@ -118,7 +66,7 @@ def test_a_lightning_trainer_stops_resumes_on_another_batch_and_rebatches(make_e
         batch_size=16, local_bsz=8, accum_steps=1, init_batch_size=8, launch_round=2, restarts=1
     )
 
-    def rebatch(module: Regression) -> None:
+    def rebatch(module: Any) -> None:
         if module.job.step == 5:  # after epoch 1's first step; adopted after its second
             write_document(
                 paths.assignment(env.sia_id),
@@ -142,13 +90,14 @@ def test_a_lightning_trainer_stops_resumes_on_another_batch_and_rebatches(make_e
     assert job.noise.known  # the comm hook's statistics reached the job
 
 
+@pytest.mark.xdist_group("lightning")  # one worker imports Lightning
 def test_sigterm_under_lightning_checkpoints_after_the_step(make_env) -> None:  # type: ignore[no-untyped-def]
     """Lightning installs its own SIGTERM handler (it would raise at the next batch); the job's
     takes it back: the step in flight completes, then a checkpoint and exit 0."""
     env = make_env(batch_size=8, local_bsz=4, accum_steps=1, init_batch_size=8)
     before = signal.getsignal(signal.SIGTERM)
 
-    def terminate(module: Regression) -> None:
+    def terminate(module: Any) -> None:
         if module.job.step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
