@@ -62,7 +62,7 @@ DAEMON_FIXTURES = frozenset({"dev_cluster", "slurm_env", "accounting_cluster"})
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a dev cluster is a ``slurm`` test, marked by hand or not, so that
-    ``pytest -m "not slurm and not heavy"`` (the inner loop, docs/testing.md) starts no daemon:
+    ``pytest -m "not slurm"`` (the inner loop, docs/testing.md) starts no daemon:
     the unmarked tests/slurm/test_dev_cluster.py once brought a cluster up in that tier. First
     (tryfirst), so that ``-m`` deselects by the marks added here.
 
@@ -109,7 +109,7 @@ def may_select_slurm_tests(expression: str | None) -> bool:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject.toml's addopts): a worker per core for a session that can select
-    no ``slurm`` test (``-m "not slurm"``, the inner loop and the heavy tier), none otherwise:
+    no ``slurm`` test (``-m "not slurm"``, the inner loop; its quick tier), none otherwise:
     the live tests share their session's dev cluster, a fixture of one process.
 
     With a test per core, each worker's thread pools get one thread (unless set): OpenBLAS's,

@@ -1,9 +1,9 @@
 """The tiers stay honest (docs/testing.md, "Tiers"): a test that starts several training
 processes, a browser or a wheel build is marked ``heavy`` (or is a ``slurm`` test), so that the
-inner loop, ``-m "not slurm and not heavy"``, never runs one.
+quick tier, ``-m "not slurm and not heavy"``, never runs one.
 
 Read from the test modules' source, not collected: collecting the suite imports PyTorch and
-every test module, seconds of the very time the inner loop leaves out. What the source shows: a
+every test module, seconds of the very time the quick tier leaves out. What the source shows: a
 test function that calls one of the helpers below, directly or through a function of its own
 module, or that takes one of the fixtures below.
 """
