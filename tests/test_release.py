@@ -84,6 +84,11 @@ def commit_changelog(repo: Path, text: str) -> None:
     git(repo, "commit", "-q", "-am", "changelog for the test")
 
 
+# One worker runs them all: the module-scoped clones and the one release build below are made
+# once, not once per xdist worker (3 s of CPU each on two cores)
+pytestmark = pytest.mark.xdist_group("release")
+
+
 @pytest.fixture(scope="module")
 def released(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A clone released as NEXT with --skip-tests: the one build of this module."""
