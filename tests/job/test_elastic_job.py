@@ -125,15 +125,17 @@ def test_the_time_ddp_spends_before_the_models_forward_is_kept_apart(make_env) -
     """DDP's forward does work of its own before the model's (its buffer broadcast, a
     collective that waits on the peers): the wrapper keeps that time apart in the step's
     stats, and a dev cluster's slower type does not stretch it (devspeed.pace_step). Made
-    measurable here: 20 ms of it before DDP's forward, 20 ms inside the model's."""
+    measurable here: 20 ms of it before DDP's forward, 100 ms inside the model's: a share of
+    the model's time counted in would show as more than 100 ms, while a 20 ms sleep stretched
+    by the load beside a CI run stays far below it (a bound of 40 ms failed at load 16)."""
     env = make_env(batch_size=8, local_bsz=8, accum_steps=0, init_batch_size=8)
     run = Run(env)
     run.ddp.ddp.register_forward_pre_hook(lambda _m, _a: time.sleep(0.02))
-    run.model.register_forward_pre_hook(lambda _m, _a: time.sleep(0.02))  # after the wrapper's
+    run.model.register_forward_pre_hook(lambda _m, _a: time.sleep(0.1))  # after the wrapper's
     spent: list[float] = []
     run.train(1, after=lambda r: spent.append(r.job.stats.ddp_forward_s))
     assert len(spent) == SIZE // 8
-    assert all(0.02 <= s < 0.04 for s in spent), spent
+    assert all(0.02 <= s < 0.1 for s in spent), spent
 
 
 def test_rebatch_with_prefetching_workers_keeps_every_sample_once(make_env) -> None:  # type: ignore[no-untyped-def]
