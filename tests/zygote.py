@@ -107,9 +107,6 @@ class Child:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
 
 class _Zygote:
     def __init__(self, key: _Key, env: dict[str, str]) -> None:

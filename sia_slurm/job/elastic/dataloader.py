@@ -112,13 +112,10 @@ class ElasticDataLoader:
         full, tail = divmod(left, batch.batch_size)  # the tail step: as few as fit (sampler.plan)
         return full * (batch.accum_steps + 1) + -(-tail // (self.job.replicas * batch.local_bsz))
 
-    def plans(self) -> Iterator[StepPlan]:
-        """The steps from the committed position on, planned ahead for the workers."""
-        return _plans(self.job, self.sampler)
-
 
 def _plans(job: ElasticJob, committed: ElasticSampler) -> Iterator[StepPlan]:
-    """:meth:`ElasticDataLoader.plans`, holding no reference to the loader (see _StepSampler)."""
+    """The steps from the committed position on, planned ahead for the workers; given the job
+    and the sampler, not the loader, so that a pass holds no reference to it (_StepSampler)."""
     cursor = ElasticSampler(committed.dataset_size, seed=committed.seed, shuffle=committed.shuffle)
     cursor.load_state_dict(committed.state_dict())
     batch, steps = job.batch, job.step
