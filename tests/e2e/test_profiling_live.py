@@ -12,6 +12,7 @@ profile; a hostile profile document is refused while the other jobs go on.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -236,12 +237,18 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     limits = document["max_local_bsz"]
     # The dev cluster's TaskProlog reached the job: its emulated memory capped each type's
     # sweep (a100 320 samples, t4 128, rtx 88: the last power of two that fits), and its speed
-    # factors made t4 slower than a100 (4x in theory; the load beside a test shrinks it).
+    # factors slowed the runs on t4 and rtx (each run's log says so at its first step), not
+    # a100's. Not the step times' ratio: each type is measured in a few seconds, minutes apart
+    # from the others, and under CI's load a ratio of such wall times measures the load (t4
+    # measured 1.16x and 1.00x a100's, 4x in theory, when a100's run came at a busier moment);
+    # that a slowdown shows in the reported step times is test_devspeed.py's (a real run).
     assert limits == {"dgx": 256, "t4": 128, "rtx": 64}, limits
-    step = {(p["gpu_type"], p["local_bsz"]): p["step_time"] for p in document["seed"]}
-    common = [b for (t, b) in step if t == "t4" and ("dgx", b) in step]
-    t4 = sum(step[("t4", b)] for b in common)
-    assert t4 > 1.5 * sum(step[("dgx", b)] for b in common), step
+    log = (site.root / "lm.out").read_text(errors="replace")
+    emulated = re.findall(
+        r"(\w+) emulated at speed factor ([0-9.e-]+) \(SIA_DEVCLUSTER_SPEED\)", log
+    )
+    assert {t for t, _ in emulated} == {"t4", "rtx"} and len(emulated) == len(types) - 1, emulated
+    assert all(float(f) < 1 for _, f in emulated), emulated
     # Scheduled from its profile now; left where it is, it trains to its end.
     wait_for(
         lambda: site.slurm_job(slurm_id)["JobState"] == "COMPLETED",

@@ -160,6 +160,24 @@ def test_a_lone_replica_stretches_its_whole_wall_time(monkeypatch: pytest.Monkey
     assert _pace(_Job("t4", replicas=1), stats, 0.0, _Clock(1.2), cpu=0.1) == pytest.approx(3.0)
 
 
+def test_a_jobs_first_stretched_step_is_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run's log says its type was emulated, and at what factor (once, at its first
+    stretched step); a type at full speed says nothing."""
+    monkeypatch.setenv(devspeed.SPEED_VARIABLE, "a100=1,t4=0.25")
+    slow, fast = _Job("t4", replicas=1), _Job("a100", replicas=1)
+    with caplog.at_level(logging.INFO, logger="sia_slurm.job.elastic.devspeed"):
+        for started in (0.0, 2.0):
+            for job in (slow, fast):
+                stats = StepStats(started=started, sync_ready=started + 0.1)
+                _pace(job, stats, started, _Clock(started + 0.1))
+    assert [r.getMessage() for r in caplog.records] == [
+        "t4 emulated at speed factor 0.25 (SIA_DEVCLUSTER_SPEED): the first step's 100 ms of "
+        "compute slept 300 ms more"
+    ]
+
+
 @pytest.mark.heavy
 def test_two_replicas_on_a_slow_type_keep_training() -> None:
     """Each replica sleeping its factor times the time it waited for the other made the sleeps

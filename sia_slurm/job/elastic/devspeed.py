@@ -50,6 +50,7 @@ SPEED_VARIABLE = "SIA_DEVCLUSTER_SPEED"
 MEMORY_VARIABLE = "SIA_DEVCLUSTER_MEMORY"
 
 _exempt: weakref.WeakSet[ElasticJob] = weakref.WeakSet()
+_announced: weakref.WeakSet[ElasticJob] = weakref.WeakSet()  # jobs whose first stretch is logged
 
 
 def parse_type_values(text: str) -> dict[str, float]:
@@ -169,6 +170,19 @@ def pace_step(
     last = extra if last_start is None else stretch * max(ready - last_start, 0.0)
     if extra > 0:
         sleep(extra)
+        if job not in _announced:
+            # Once per job, so that a run's log says its type was emulated (and at what
+            # factor): the step times alone cannot, a busy machine slows every type as much.
+            _announced.add(job)
+            logger.info(
+                "%s emulated at speed factor %g (%s): the first step's %.3g ms of compute "
+                "slept %.3g ms more",
+                job.env.gpu_type,
+                factor,
+                SPEED_VARIABLE,
+                compute * 1e3,
+                extra * 1e3,
+            )
     stats.sync_ready = ready + min(last, extra)
     stats.sync_done = done + min(last, extra)
     return extra
