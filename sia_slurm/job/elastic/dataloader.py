@@ -120,13 +120,7 @@ def _plans(job: ElasticJob, committed: ElasticSampler) -> Iterator[StepPlan]:
     cursor.load_state_dict(committed.state_dict())
     batch, steps = job.batch, job.step
     while job.max_steps is None or steps < job.max_steps:
-        plan = cursor.plan(
-            batch_size=batch.batch_size,
-            local_bsz=batch.local_bsz,
-            accum_steps=batch.accum_steps,
-            rank=job.rank,
-            replicas=job.replicas,
-        )
+        plan = job.plan(cursor, batch)
         if plan is None:
             return
         yield plan

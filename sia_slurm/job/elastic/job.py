@@ -140,6 +140,17 @@ class ElasticJob:
             self.batch.accum_steps + 1,
         )
 
+    def plan(self, sampler: ElasticSampler, batch: Batch) -> StepPlan | None:
+        """``sampler``'s next step at ``batch`` for this replica (None: its epoch is done): the
+        trainer plans the step it runs, a loader's workers the steps ahead of it."""
+        return sampler.plan(
+            batch_size=batch.batch_size,
+            local_bsz=batch.local_bsz,
+            accum_steps=batch.accum_steps,
+            rank=self.rank,
+            replicas=self.replicas,
+        )
+
     # ---- parts attach; the newest checkpoint is read once, each part takes its own ---------
 
     def attach_sampler(self, sampler: ElasticSampler) -> None:

@@ -185,14 +185,7 @@ class ElasticTrainer:
             job.obey_control()
             if job.steps_exhausted():
                 return
-            batch = job.batch
-            plan = self.sampler.plan(
-                batch_size=batch.batch_size,
-                local_bsz=batch.local_bsz,
-                accum_steps=batch.accum_steps,
-                rank=job.rank,
-                replicas=job.replicas,
-            )
+            plan = job.plan(self.sampler, job.batch)
             if plan is None:
                 return
             step = Step(self, plan)
