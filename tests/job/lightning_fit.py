@@ -60,7 +60,14 @@ def fit(
 ) -> tuple[ElasticJob, Regression]:
     job = ElasticJob(env, install_signal_handlers=signals, noise_decay=0.0, control_interval=1)
     module = Regression(job, after)
-    trainer = L.Trainer(
+    trainer(job, epochs).fit(module)
+    return job, module
+
+
+def trainer(job: ElasticJob, epochs: int) -> L.Trainer:
+    """A Lightning trainer of ``job`` on the CPU, quiet: no checkpoints, progress bar, summary
+    or logger of Lightning's own (the job checkpoints)."""
+    return L.Trainer(
         strategy=ElasticStrategy(job=job, lr_scaling="none"),
         accelerator="cpu",
         devices=1,
@@ -71,5 +78,3 @@ def fit(
         enable_model_summary=False,
         logger=False,
     )
-    trainer.fit(module)
-    return job, module

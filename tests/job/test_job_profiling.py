@@ -311,13 +311,13 @@ def test_a_ddp_loop_sweeps_and_a_run_that_died_mid_sweep_is_remembered(
 # ---- Lightning -------------------------------------------------------------------------------
 
 
-def lightning_regression() -> tuple[Any, Any, Any]:
-    """Lightning, ElasticStrategy and a module of :class:`Model`, imported when the test runs:
-    Lightning's import (3.5 s of CPU) stays out of collection, which every xdist worker
-    repeats."""
+def lightning_regression() -> tuple[Any, Any]:
+    """A Lightning module of :class:`Model` and tests/job/lightning_fit.py's trainer, imported
+    when the test runs: Lightning's import (3.5 s of CPU) stays out of collection, which every
+    xdist worker repeats."""
     import lightning.pytorch as L
 
-    from sia_slurm.job.elastic.lightning import ElasticStrategy
+    from tests.job.lightning_fit import trainer
 
     class Regression(L.LightningModule):
         def __init__(self, job: ElasticJob, oom_from: int | None = None):
@@ -343,7 +343,7 @@ def lightning_regression() -> tuple[Any, Any, Any]:
         def train_dataloader(self) -> ElasticDataLoader:
             return ElasticDataLoader(dataset(), job=self.job)
 
-    return L, ElasticStrategy, Regression
+    return trainer, Regression
 
 
 @pytest.mark.xdist_group("lightning")  # one worker imports Lightning
@@ -351,23 +351,12 @@ def lightning_regression() -> tuple[Any, Any, Any]:
 def test_lightning_sweeps_to_the_memory_limit_or_the_first_out_of_memory_error(
     make_env, monkeypatch: pytest.MonkeyPatch, memory: str, oom_from: int | None
 ) -> None:  # type: ignore[no-untyped-def]
-    L, ElasticStrategy, Regression = lightning_regression()
+    lightning_trainer, Regression = lightning_regression()
     monkeypatch.setenv(MEMORY, memory)
     env = profiling_env(make_env)
     job = ElasticJob(env, install_signal_handlers=False)
     module = Regression(job, oom_from)
-    trainer = L.Trainer(
-        strategy=ElasticStrategy(job=job, lr_scaling="none"),
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        gradient_clip_val=100.0,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-    )
-    trainer.fit(module)
+    lightning_trainer(job, 1).fit(module)
     limit = 8 if oom_from is None else 4
     sweep = [(b, 1) for b in (2, 4, 8) if b <= limit for _ in range(4)]
     assert module.plans[: len(sweep)] == sweep
