@@ -4,6 +4,7 @@ completes exactly once, never launched twice for one decision."""
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -15,11 +16,20 @@ from sia_slurm.config import SiaConfig, load_config
 from sia_slurm.protocol import JobSpec
 from sia_slurm.service import open_controller, run_round
 from sia_slurm.state import DONE, PENDING, Journal, Store
+from tests import zygote
 from tests.service.fakes import CRASH_EXIT, Crash, FakeCluster, write_config
 
 pytestmark = pytest.mark.heavy
 
 DRIVER = Path(__file__).with_name("driver.py")
+# what driver.py and a round import (0.8 s of CPU a process), loaded once by a zygote
+DRIVER_PRELOAD = (
+    "sia_slurm.cli.main",
+    "sia_slurm.controller",
+    "sia_slurm.model.fit",
+    "sia_slurm.service.journaled_round",
+    "tests.service.fakes",
+)
 APPS = ("cifar10", "ncf", "cifar10", "imagenet", "ncf", "cifar10")
 
 
@@ -55,7 +65,12 @@ def check_exactly_once(config: SiaConfig, cluster: FakeCluster) -> None:
 def driver(cluster: Path, config: Path, *fault: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, str(DRIVER), str(cluster), *fault, "--", "controller", "run",
             "--once", "--config", str(config)]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    # forked from a zygote: the process the crash ends is the driver's own, as with a fresh
+    # interpreter (tests/zygote.py)
+    return zygote.run(
+        argv, cwd=Path.cwd(), env=dict(os.environ), timeout=120, check=False,
+        preload=DRIVER_PRELOAD,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
