@@ -247,7 +247,8 @@ def test_a_real_pytorch_job_without_a_profile_is_profiled_and_completes(site: Si
     emulated = re.findall(
         r"(\w+) emulated at speed factor ([0-9.e-]+) \(SIA_DEVCLUSTER_SPEED\)", log
     )
-    assert {t for t, _ in emulated} == {"t4", "rtx"} and len(emulated) == len(types) - 1, emulated
+    # (how many lines is not fixed: a100 measured again, or trained on t4 or rtx afterwards)
+    assert {t for t, _ in emulated} == {"t4", "rtx"}, emulated
     assert all(float(f) < 1 for _, f in emulated), emulated
     # Scheduled from its profile now; left where it is, it trains to its end.
     wait_for(
