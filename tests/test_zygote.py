@@ -108,3 +108,37 @@ def test_only_python_commands_are_forked(tmp_path: Path) -> None:
         zygote.popen(["bash", "-c", "true"], cwd=tmp_path, env=_env(), preload=())
     with pytest.raises(ValueError, match="no interpreter option"):
         zygote.popen([sys.executable, "-c", "pass"], cwd=tmp_path, env=_env(), preload=())
+
+
+def test_a_preload_that_extends_a_base_is_forked_from_the_base_zygote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extending zygote is a child of the base's, holds the base's imports and its own
+    (imported under the requester's environment), and the base's keeps serving its own."""
+    monkeypatch.setattr(zygote, "BASES", (("json",),))
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, sys\n"
+        "stat = open(f'/proc/{os.getppid()}/stat').read()\n"
+        "print(os.getppid(), stat.rsplit(')', 1)[1].split()[1],\n"
+        "      'json' in sys.modules, 'csv' in sys.modules, 'wave' in sys.modules)\n"
+    )
+    imports_wave = tmp_path / "lib"
+    imports_wave.mkdir()
+    (imports_wave / "sia_probe_extra.py").write_text(
+        "import os, wave\nassert os.environ['ZYGOTE_MARKER'] == 'extending'\n"
+    )
+    env = _env(ZYGOTE_MARKER="extending")
+    env["PYTHONPATH"] += os.pathsep + str(imports_wave)
+
+    def probe(*preload: str) -> list[str]:
+        done = zygote.run(
+            [sys.executable, str(script)], cwd=tmp_path, env=env, timeout=60, preload=preload
+        )
+        return done.stdout.split()
+
+    extending = probe("json", "csv", "sia_probe_extra")
+    base = probe("json")
+    assert extending[2:] == ["True", "True", "True"]
+    assert base[2:] == ["True", "False", "False"]
+    assert extending[1] == base[0]  # the extending zygote's parent is the base zygote
