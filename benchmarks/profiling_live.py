@@ -21,7 +21,10 @@ ElasticTrainer, gloo) under one app name:
    cluster idle) timed for a minute, and the spread of its mean over windows of 0.25 s (what
    the sweep times a batch for) to 30 s. On a shared VM it bounds what any profile can
    predict: the same step's 0.25 s means spread by 18% (coefficient of variation), its 10 s
-   means by 6% (docs/profiling.md, "Accuracy").
+   means by 6% (docs/profiling.md, "Accuracy"). Over minutes the machine also drifts: the same
+   step timed for 5 s around the profiled run and around each pinned run (:func:`machine_speed`)
+   gives each run's drift, and the accuracy table's "steady" columns take it out (what the run
+   would have measured at the profile's moment), leaving the model's own error.
 
 Run as root (it starts the daemons): ``python -m benchmarks.profiling_live`` (about 20 minutes on
 2 cores). Prints three tables.
@@ -60,6 +63,7 @@ from sia_slurm.state.profiles import ProfileStore
 from sia_slurm.state.tree import set_up
 from sia_slurm_dev import DEFAULT_SPEC, DevCluster, DevClusterSpec, controller_config
 from sia_slurm_dev.controller_config import DEFAULT_PROFILES
+from sia_slurm_dev.speed import emulation
 
 APP = "bench-lm"
 TYPES = ("a100", "rtx", "t4")
@@ -151,16 +155,16 @@ class Bench:
             return [from_json(MetricsReport, json.loads(r[0]), "reports") for r in rows]
 
 
-def machine_noise(seconds: float = 60.0, batch: int = 64) -> list[list[str]]:
-    """How steady this machine runs the app's step: the transformer example's forward,
-    backward and AdamW step at ``batch``, one thread, back to back for ``seconds`` (after ten
-    warm-up steps), and per window length the spread of the windows' mean step times."""
+def app_steps(seconds: float, batch: int = 64) -> list[tuple[float, float]]:
+    """The app's step (the transformer example's forward, backward and AdamW step at
+    ``batch``, one thread) back to back for ``seconds`` after ten warm-up steps, in this
+    process: each step's (start, seconds)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     inputs, targets = make_dataset(batch, 0).tensors
     model = TinyLanguageModel()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    steps: list[tuple[float, float]] = []  # (start, seconds)
+    steps: list[tuple[float, float]] = []
     end = time.perf_counter() + seconds
     for index in itertools.count():
         start = time.perf_counter()
@@ -172,7 +176,22 @@ def machine_noise(seconds: float = 60.0, batch: int = 64) -> list[list[str]]:
         optimizer.zero_grad(set_to_none=True)
         if index >= 10:
             steps.append((start, time.perf_counter() - start))
-    return noise_rows(steps, (0.25, 1.0, 2.0, 10.0, 30.0))
+    return steps
+
+
+def machine_noise(seconds: float = 60.0, batch: int = 64) -> list[list[str]]:
+    """How steady this machine runs the app's step: :func:`app_steps` for ``seconds``, and per
+    window length the spread of the windows' mean step times."""
+    return noise_rows(app_steps(seconds, batch), (0.25, 1.0, 2.0, 10.0, 30.0))
+
+
+def machine_speed(seconds: float = 5.0) -> float:
+    """The app's mean step (s) on the idle cluster now: :func:`app_steps` for ``seconds``.
+
+    Timed right before and after a run, it tells how much faster or slower the machine ran
+    then than when the profile was measured: on this shared VM the same step's time drifts by
+    tens of percent over minutes (docs/profiling.md, "Accuracy"), which no profile can know."""
+    return statistics.mean(took for _, took in app_steps(seconds))
 
 
 def noise_rows(steps: list[tuple[float, float]], windows: tuple[float, ...]) -> list[list[str]]:
@@ -195,51 +214,79 @@ def noise_rows(steps: list[tuple[float, float]], windows: tuple[float, ...]) -> 
     return rows
 
 
-def overhead(bench: Bench, steps: int, batch: int) -> list[list[str]]:
+def overhead(bench: Bench, steps: int, batch: int) -> tuple[list[list[str]], float]:
     """The job alone, profiled then from the kept profile, each held at one GPU: the dev
     cluster's GPUs share this machine's cores, so a job grown to several is not faster, and
-    growth would confound what profiling costs."""
+    growth would confound what profiling costs. Also the machine's speed
+    (:func:`machine_speed`) while the profile was measured: the mean of before and after the
+    profiled run."""
     lines = []
+    profiling_speed = 0.0
     for mode in ("profiled", "kept profile"):
+        before = machine_speed() if mode == "profiled" else None
         sia_id = bench.submit(f"lm-{mode.split()[0]}", "--max-gpus", "1", steps=steps, batch=batch)
         bench.run_until_done([sia_id])
+        if before is not None:
+            profiling_speed = (before + machine_speed()) / 2
         row = bench.rows()[sia_id]
         profiling = "-" if row.profiling_s is None else f"{row.profiling_s:.0f}"
         jct = f"{row.jct_s:.0f}" if row.jct_s is not None else "-"
         lines.append([mode, jct, profiling, str(row.restarts), gpu_history(row)])
-    return lines
+    return lines, profiling_speed
 
 
 Runs = dict[tuple[str, int], list[MetricsReport]]
+# Per (type, GPUs): the machine's speed during the run over its speed while the profile was
+# measured (:func:`machine_speed`'s mean steps; above 1: the machine ran slower).
+Drift = dict[tuple[str, int], float]
 
 
-def pinned_runs(bench: Bench, steps: int, batch: int) -> Runs:
+def pinned_runs(bench: Bench, steps: int, batch: int, profiling_speed: float) -> tuple[Runs, Drift]:
     """A pinned job of the app at 1 and 2 GPUs of every type, one after another: per (type,
-    GPUs), its reports (the first, the warm-up's, off)."""
+    GPUs), its reports (the first, the warm-up's, off), and the machine's drift since the
+    profile (:func:`machine_speed` before and after the run, over ``profiling_speed``).
+
+    ``steps`` are the slowest type's; a type of speed factor ``f`` runs ``steps * f /
+    f_slowest`` of them, so that every run lasts about as long and writes several reports (at 3,000
+    steps of a few milliseconds, a100's 1-GPU run ended after the warm-up's report alone)."""
+    factors = {row.gpu_type: row.speed or 1.0 for row in emulation(TYPES)}
+    slowest = min(factors.values())
     runs: Runs = {}
+    drift: Drift = {}
     for gpu_type in TYPES:
+        type_steps = round(steps * factors[gpu_type] / slowest)
         for gpus in (1, 2):
+            before = machine_speed()
             sia_id = bench.submit(
                 f"lm-{gpu_type}-{gpus}", "--kind", "pinned", "--gpu-type", gpu_type,
                 "--num-gpus", str(gpus), "--min-gpus", str(gpus), "--max-gpus", str(gpus),
-                steps=steps, batch=batch,
+                steps=type_steps, batch=batch,
             )  # fmt: skip
             bench.run_until_done([sia_id])
             runs[(gpu_type, gpus)] = [r for r in bench.reports(sia_id) if r.gpus == gpus][1:]
-    return runs
+            drift[(gpu_type, gpus)] = (before + machine_speed()) / 2 / profiling_speed
+    return runs, drift
 
 
 def accuracy(
-    factory: EstimatorFactory, spec: JobSpec, kept: Mapping[str, Any], runs: Runs
+    factory: EstimatorFactory,
+    spec: JobSpec,
+    kept: Mapping[str, Any],
+    runs: Runs,
+    drift: Drift | None = None,
 ) -> list[list[str]]:
     """Each run's measured step against the kept profile's prediction alone and, at 2 GPUs,
     against Sia's bootstrap: the model fed the other types' runs' reports (1 and 2 GPUs) as
     the controller would, so that this type's 2-GPU throughput is projected from another
-    type's measured scaling (reference section 3), not taken as linear."""
+    type's measured scaling (reference section 3), not taken as linear.
+
+    With ``drift``, both again with the machine's drift taken out: every run's times divided
+    by its drift (what it would have measured at the profile's moment), so that what is left
+    is the model's error, not the machine's."""
     lines = []
     for (gpu_type, gpus), reports in runs.items():
         if not reports:
-            lines.append([gpu_type, str(gpus), "-", "-", "no report", "-", "-"])
+            lines.append([gpu_type, str(gpus), "-", "-", "no report", "-", "-", "-", "-", "-"])
             continue
         config = Configuration(gpu_type, 1, gpus)
         row = factory(spec, kept).evaluate([config], fixed_batch=True)  # the profile alone
@@ -248,28 +295,52 @@ def accuracy(
         measured = samples / measured_step
         predicted = float(row.throughput[0])
         predicted_step = float(row.batch_size[0]) / predicted
-        bootstrapped = "-"
+        bootstrapped = shown_drift = steady_error = steady_bootstrapped = "-"
         if gpus > 1:
-            model = factory(spec, kept)
-            for (other, _), others in runs.items():
-                if other != gpu_type:
-                    model.observe_many(other, (observation(r) for r in others))
-            projected = float(model.evaluate([config], fixed_batch=True).throughput[0])
+            projected = bootstrap(factory, spec, kept, runs, gpu_type, config)
             bootstrapped = f"{projected / measured - 1:+.1%}"
+        if drift is not None:
+            shown_drift = f"{drift[(gpu_type, gpus)]:.3f}"
+            steady = measured * drift[(gpu_type, gpus)]  # at the profile's moment
+            steady_error = f"{predicted / steady - 1:+.1%}"
+            if gpus > 1:
+                projected = bootstrap(factory, spec, kept, runs, gpu_type, config, drift)
+                steady_bootstrapped = f"{projected / steady - 1:+.1%}"
         lines.append([
             gpu_type, str(gpus), f"{reports[0].local_bsz}x{reports[0].accum_steps + 1}",
             f"{predicted_step * 1000:.1f} / {measured_step * 1000:.1f}",
             f"{predicted:.0f} / {measured:.0f}", f"{predicted / measured - 1:+.1%}",
-            bootstrapped,
+            bootstrapped, shown_drift, steady_error, steady_bootstrapped,
         ])  # fmt: skip
     return lines
 
 
-def observation(report: MetricsReport) -> Observation:
-    """A report as the controller feeds it to the job's model (``JobState.ingest``)."""
+def bootstrap(
+    factory: EstimatorFactory,
+    spec: JobSpec,
+    kept: Mapping[str, Any],
+    runs: Runs,
+    gpu_type: str,
+    config: Configuration,
+    drift: Drift | None = None,
+) -> float:
+    """``config``'s throughput from the kept profile and the other types' runs' reports (each
+    divided by its run's drift, with ``drift``)."""
+    model = factory(spec, kept)
+    for key, others in runs.items():
+        if key[0] != gpu_type:
+            scale = 1.0 if drift is None else drift[key]
+            model.observe_many(key[0], (observation(r, scale) for r in others))
+    return float(model.evaluate([config], fixed_batch=True).throughput[0])
+
+
+def observation(report: MetricsReport, scale: float = 1.0) -> Observation:
+    """A report as the controller feeds it to the job's model (``JobState.ingest``), its
+    times divided by ``scale``."""
     return Observation(
         nodes=report.nodes, gpus=report.gpus, local_bsz=report.local_bsz,
-        step_time=report.step_time, sync_time=report.sync_time, accum_steps=report.accum_steps,
+        step_time=report.step_time / scale, sync_time=report.sync_time / scale,
+        accum_steps=report.accum_steps,
     )  # fmt: skip
 
 
@@ -286,7 +357,9 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=26817)
     parser.add_argument("--round-s", type=float, default=15.0)
     parser.add_argument("--steps", type=int, default=3000, help="the overhead runs' steps")
-    parser.add_argument("--accuracy-steps", type=int, default=3000, help="each pinned job's")
+    parser.add_argument(
+        "--accuracy-steps", type=int, default=3000, help="each pinned job's, on the slowest type"
+    )
     parser.add_argument("--batch", type=int, default=64, help="M0 (the largest batch: 8x)")
     parser.add_argument("--no-accuracy", action="store_true", help="the overhead part only")
     args = parser.parse_args()
@@ -297,8 +370,8 @@ def main() -> None:
     try:
         print(f"dev cluster {DEFAULT_SPEC}, rounds of {args.round_s:g} s, M0 {args.batch}")
         print("\noverhead (seconds; the same job alone, profiled vs from the kept profile):")
-        print(table(["run", "JCT", "profiling", "restarts", "GPU type:count"],
-                    overhead(bench, args.steps, args.batch)))  # fmt: skip
+        rows, profiling_speed = overhead(bench, args.steps, args.batch)
+        print(table(["run", "JCT", "profiling", "restarts", "GPU type:count"], rows))
         if args.no_accuracy:
             return
         kept = ProfileStore(bench.paths.state_dir).get("", APP)
@@ -306,12 +379,16 @@ def main() -> None:
             raise RuntimeError("the profiled run kept no profile")
         factory = EstimatorFactory(load_profiles(), dict(DEFAULT_PROFILES))
         spec = JobSpec("x", APP, init_batch_size=args.batch, max_batch_size=8 * args.batch)
-        runs = pinned_runs(bench, args.accuracy_steps, args.batch)
+        runs, drift = pinned_runs(bench, args.accuracy_steps, args.batch, profiling_speed)
         print("\naccuracy (pinned jobs; the kept profile's prediction / the measured median;")
-        print("bootstrapped: the error once the other types' pinned jobs are observed):")
+        print("bootstrapped: the error once the other types' pinned jobs are observed;")
+        print("steady: both with the machine's drift since the profile taken out, the drift")
+        print("being the app's step timed on the idle cluster around each run over around the")
+        print(f"profiled run, {profiling_speed * 1000:.2f} ms):")
         print(table(["type", "GPUs", "local x steps", "step ms (pred / meas)",
-                     "samples/s (pred / meas)", "error", "bootstrapped"],
-                    accuracy(factory, spec, kept, runs)))  # fmt: skip
+                     "samples/s (pred / meas)", "error", "bootstrapped", "drift",
+                     "error, steady", "bootstrapped, steady"],
+                    accuracy(factory, spec, kept, runs, drift)))  # fmt: skip
     finally:
         bench.cluster.down()
 

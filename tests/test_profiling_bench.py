@@ -9,6 +9,7 @@ all-reduce: sub-linear scaling, the same on every type.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -102,11 +103,37 @@ def test_the_profile_alone_predicts_linear_scaling_and_the_bootstrap_the_measure
         assert abs(percent(row[6])) < 0.05, row
 
 
+def slowed(made: MetricsReport, factor: float) -> MetricsReport:
+    return replace(made, step_time=made.step_time * factor, sync_time=made.sync_time * factor)
+
+
+def test_the_machines_drift_is_taken_out_of_the_steady_columns_alone() -> None:
+    """Every run on a machine slower than at the profile's moment, each by its own factor:
+    the plain errors show the drift (1 GPU: +50% at a drift of 1.5), the steady ones the
+    model's error alone, as exact as without a drift; no drift column without drifts."""
+    drift = {key: 1.1 + 0.1 * index for index, key in enumerate(sorted(runs()))}
+    slow = {key: [slowed(r, drift[key]) for r in made] for key, made in runs().items()}
+    factory = EstimatorFactory(load_profiles(), dict(DEFAULT_PROFILES))
+    spec = JobSpec("x", "bench-lm", init_batch_size=64, max_batch_size=512)
+    rows = {(r[0], r[1]): r for r in accuracy(factory, spec, kept(), slow, drift)}
+    for (gpu_type, gpus), factor in drift.items():
+        row = rows[(gpu_type, str(gpus))]
+        assert row[7] == f"{factor:.3f}"
+        if gpus == 1:
+            assert percent(row[5]) == pytest.approx(factor - 1, abs=0.01), row
+            assert abs(percent(row[8])) < 0.01, row
+            assert row[9] == "-"
+        else:
+            assert percent(row[8]) == pytest.approx(0.5, abs=0.02), row
+            assert abs(percent(row[9])) < 0.05, row
+    assert all(row[7:] == ["-", "-", "-"] for row in table().values())
+
+
 def test_a_run_without_a_report_is_shown_as_such() -> None:
     factory = EstimatorFactory(load_profiles(), dict(DEFAULT_PROFILES))
     spec = JobSpec("x", "bench-lm", init_batch_size=64, max_batch_size=512)
     rows = accuracy(factory, spec, kept(), {("a100", 1): []})
-    assert rows == [["a100", "1", "-", "-", "no report", "-", "-"]]
+    assert rows == [["a100", "1", "-", "-", "no report", "-", "-", "-", "-", "-"]]
 
 
 def test_a_report_is_observed_as_the_controller_ingests_it() -> None:
