@@ -13,7 +13,9 @@ model and ``xput1(A)``; all of B's points give B's; every multi-GPU point of A i
 ways at its own shape and local batch (no accumulation) and compared with its measured step
 time; beside them the floor, A's own model fitted from all its points (what the controller uses
 once A has run the job on several GPUs). Prints, per app and pooled, the median and 90th
-percentile of the absolute error of the predicted step time, for each.
+percentile of the absolute error of the predicted step time, for each; then Sia's error by
+the source's rank in closeness of 1-GPU speed to the target (``|log xput1(B) / xput1(A)|``):
+whether the type nearest in speed projects best.
 
 ``python -m benchmarks.bootstrap_transfer`` (seconds; a fit per type and app).
 """
@@ -21,6 +23,7 @@ percentile of the absolute error of the predicted step time, for each.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -92,17 +95,37 @@ def absolute_network(point: Observation, target: TypeData, source: TypeData) -> 
 
 def errors(types: dict[str, TypeData]) -> Iterable[tuple[float, float, float]]:
     """(Sia's error, the alternative's, A's own model's) per multi-GPU point of A and B."""
-    for target_name, target in types.items():
-        for source_name, source in types.items():
-            if source_name == target_name:
+    for _, target, source in pairs(types):
+        for point in target.points:
+            if point.gpus == 1:
                 continue
-            for point in target.points:
-                if point.gpus == 1:
-                    continue
-                sia = sia_projection(point, target, source) / point.step_time - 1
-                alt = absolute_network(point, target, source) / point.step_time - 1
-                own = predicted(point, target.full) / point.step_time - 1
-                yield sia, alt, own
+            sia = sia_projection(point, target, source) / point.step_time - 1
+            alt = absolute_network(point, target, source) / point.step_time - 1
+            own = predicted(point, target.full) / point.step_time - 1
+            yield sia, alt, own
+
+
+def pairs(types: dict[str, TypeData]) -> Iterable[tuple[int, TypeData, TypeData]]:
+    """(rank, A, B) for every target A and source B != A, the rank B's in closeness of 1-GPU
+    speed to A among A's sources (0: the nearest)."""
+    for target_name, target in types.items():
+        sources = sorted(
+            (abs(math.log(source.xput1 / target.xput1)), name)
+            for name, source in types.items()
+            if name != target_name
+        )
+        for rank, (_, name) in enumerate(sources):
+            yield rank, target, types[name]
+
+
+def by_closeness(types: dict[str, TypeData]) -> dict[int, list[float]]:
+    """Sia's errors per source rank (:func:`pairs`)."""
+    ranked: dict[int, list[float]] = {}
+    for rank, target, source in pairs(types):
+        ranked.setdefault(rank, []).extend(
+            sia_projection(p, target, source) / p.step_time - 1 for p in target.points if p.gpus > 1
+        )
+    return ranked
 
 
 def summary(values: Sequence[float]) -> str:
@@ -124,17 +147,23 @@ def main() -> None:
     print(f"{'app':12} {'points':>6}  {'Sia (ratio)':>13}  {'absolute network':>16}  "
           f"{'own model':>13}")  # fmt: skip
     pooled: list[tuple[float, float, float]] = []
+    ranked: dict[int, list[float]] = {}
     for app in args.apps:
         types = {
             name: data for name, key in TRACE_KEYS.items() if (data := load(app, key)) is not None
         }
         rows = list(errors(types))
         pooled += rows
+        for rank, values in by_closeness(types).items():
+            ranked.setdefault(rank, []).extend(values)
         print(line(app, rows))
     print(line("pooled", pooled))
     sia, alt, _ = np.abs(np.array(pooled)).T
     better = np.mean(alt < sia)
     print(f"the alternative is closer on {better:.0%} of the points")
+    print("\nSia's projection by the source's closeness in 1-GPU speed (0: the nearest type)")
+    for rank, values in sorted(ranked.items()):
+        print(f"{rank:4} {len(values):6}  {summary(values)}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from benchmarks.bootstrap_transfer import (
     TypeData,
     absolute_network,
     errors,
+    pairs,
     sia_projection,
     trace,
 )
@@ -68,3 +69,14 @@ def test_every_app_has_at_least_two_types_with_multi_gpu_points() -> None:
     for app in APPS:
         loaded = [key for key in TRACE_KEYS.values() if trace(app, key) is not None]
         assert len(loaded) >= 2, (app, loaded)
+
+
+def test_the_sources_are_ranked_by_closeness_of_1_gpu_speed() -> None:
+    types = {"x1": made_up(1.0, 1.0), "x2": made_up(2.0, 1.0), "x5": made_up(5.0, 1.0)}
+    names = {id(data): name for name, data in types.items()}
+    ranked = [(rank, names[id(a)], names[id(b)]) for rank, a, b in pairs(types)]
+    assert ranked == [
+        (0, "x1", "x2"), (1, "x1", "x5"),
+        (0, "x2", "x1"), (1, "x2", "x5"),
+        (0, "x5", "x2"), (1, "x5", "x1"),
+    ]  # fmt: skip
