@@ -5,9 +5,9 @@ job holds nothing while GPUs it could run on lie free. This module counts that p
 the controller's own :class:`~sia_slurm.controller.RoundOutcome`, in two places (one code
 path): the simulator counts what its cluster holds *after* the round's actions were applied (a
 grant the cluster refused counts as well as one the controller never made;
-:func:`sia_slurm.sim.idle_waits.after_actions`), the Slurm controller what the round decided
-(:func:`as_decided`: Slurm starts the jobs after the round, so the round cannot see them held),
-for the Prometheus textfile:
+:func:`sia_slurm.sim.waits_after_actions.after_actions`), the Slurm controller what the round
+decided (:func:`as_decided`: Slurm starts the jobs after the round, so the round cannot see
+them held), for the Prometheus textfile:
 
 * an **idle wait** is a job-round where an active (submitted, unfinished) job holds no GPUs
   while some GPU type it may use has free GPUs where its smallest run fits

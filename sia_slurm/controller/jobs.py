@@ -85,14 +85,16 @@ class JobRecord:
     spec: JobSpec
     estimator: JobGoodputEstimator
     # The job's own profile document its model was built from (None: a shipped profile), kept
-    # so that a restarted controller rebuilds the same model (sia_slurm/service/memory.py).
+    # so that a restarted controller rebuilds the same model
+    # (sia_slurm/service/controller_memory.py).
     profile_document: Mapping[str, Any] | None = None
     max_gpus_seen: int = 0
     reports: int = 0
     last_report_time: float = float("-inf")
     # The first report taken on the job's current shape, on the controller's clock: what the
     # steps its later reports claim are checked against (controller/reports.py). Kept in the
-    # state database with ``distrusted`` (sia_slurm/service/memory.py), for cron's --once.
+    # state database with ``distrusted`` (sia_slurm/service/controller_memory.py), for cron's
+    # --once.
     pace: Pace | None = None
     # Why its last report was not believed, when it described another configuration than the
     # job runs or claimed a pace its steps do not show: until a report is believed again the

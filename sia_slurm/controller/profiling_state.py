@@ -6,7 +6,7 @@ documents refused and why. :class:`Profiling` takes in what a job measured (its
 ``profiled.json``, checked type by type), says when the profiling is held, and turns the
 measured types into a profile document; :meth:`Profiling.to_json` and
 :meth:`Profiling.from_json` are its form in the controller's memory
-(``sia_slurm/service/memory.py``). The round stage that drives it, job by job, is
+(``sia_slurm/service/controller_memory.py``). The round stage that drives it, job by job, is
 :class:`sia_slurm.controller.profiling.Profiler`.
 
 Nothing here reads a file, nor knows the cluster: documents are handed in, already read.

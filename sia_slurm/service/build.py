@@ -18,7 +18,7 @@ from sia_slurm.controller.profiling import Profiler
 from sia_slurm.policy.base import Policy
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.protocol.profile import ProfileError, load_profiles
-from sia_slurm.service.memory import load_memory
+from sia_slurm.service.controller_memory import load_memory
 from sia_slurm.state import RestoreNote, Store
 from sia_slurm.state.profiles import ProfileStore
 

@@ -33,8 +33,8 @@ from sia_slurm.config import SiaConfig
 from sia_slurm.controller import Controller, RoundOutcome
 from sia_slurm.controller.idle_waits import as_decided
 from sia_slurm.protocol import MetricsReport
+from sia_slurm.service.controller_memory import save_memory
 from sia_slurm.service.logs import log_action, log_decision, log_event
-from sia_slurm.service.memory import save_memory
 from sia_slurm.service.prometheus import RoundMetrics, metrics_of, write_textfile
 from sia_slurm.service.summary import gpus_by_type, jobs_by_phase, record_round
 from sia_slurm.state import PENDING, SKIPPED, Journal, Store, action_kind

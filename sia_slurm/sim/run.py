@@ -18,10 +18,10 @@ Each round can be written as one JSON line (:func:`round_line`): time, actions, 
 decisions, GPUs held per type, contention and the stage timings.
 
 After each round's actions are applied, the round also counts the jobs that wait beside free GPUs
-they could use and the allocations placement could not honour (:mod:`sia_slurm.sim.idle_waits`,
-issue 38); :meth:`SimulationResult.metrics` sums them. Once the run ends, every job's outcome
-gets its time alone on an equal share of the cluster, for finish-time fairness
-(:mod:`sia_slurm.sim.finish_time_fairness`).
+they could use and the allocations placement could not honour
+(:mod:`sia_slurm.sim.waits_after_actions`, issue 38); :meth:`SimulationResult.metrics` sums
+them. Once the run ends, every job's outcome gets its time alone on an equal share of the
+cluster, for finish-time fairness (:mod:`sia_slurm.sim.finish_time_fairness`).
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ from sia_slurm.sim.artifact_metrics import (
     workload_metrics,
 )
 from sia_slurm.sim.finish_time_fairness import with_independent_times
-from sia_slurm.sim.idle_waits import RoundWaits, after_actions
 from sia_slurm.sim.inputs import SimulationInputs, job_specs, load_workload_truths
 from sia_slurm.sim.progress import DEFAULT_MAX_SUBSTEP
 from sia_slurm.sim.simulated_cluster import SimulatedCluster
 from sia_slurm.sim.sweep import DEFAULT_NOISE
+from sia_slurm.sim.waits_after_actions import RoundWaits, after_actions
 from sia_slurm.sim.workload import Workload
 
 DAY = 86400.0
@@ -124,8 +124,9 @@ class RoundRecord:
     gpus: Mapping[str, int]  # GPUs held per type after the round's actions
     policy_ms: float
     actions: int
-    # Jobs that held no GPUs beside free GPUs they could use, per cause (sim/idle_waits.py),
-    # and allocations placement left unplaced, once the round's actions were applied.
+    # Jobs that held no GPUs beside free GPUs they could use, per cause
+    # (sim/waits_after_actions.py), and allocations placement left unplaced, once the round's
+    # actions were applied.
     waits_beside_free_gpus: Mapping[str, int] = field(default_factory=dict)
     unplaced_allocations: int = 0
 

@@ -8,7 +8,7 @@ run, :mod:`.profiles` the profiles measured on the site and :mod:`.tree` the sta
 
 This package only stores and loads: it imports neither the controller, the policies nor the
 goodput model (tests/state/test_pure_storage.py). What is stored is computed by its producers:
-:mod:`sia_slurm.service.memory` turns a controller into its memory and back,
+:mod:`sia_slurm.service.controller_memory` turns a controller into its memory and back,
 :mod:`sia_slurm.service.summary` summarises a round for the ``rounds`` table.
 """
 

@@ -5,7 +5,7 @@ process).
 This module only stores and loads: it writes a :class:`ControllerMemory` (plain values) and
 reads the saved rows back, and knows nothing of the controller, the policies or the goodput
 model. Turning a live :class:`~sia_slurm.controller.Controller` into a :class:`ControllerMemory`
-and the rows read back into a live controller is :mod:`sia_slurm.service.memory`'s work.
+and the rows read back into a live controller is :mod:`sia_slurm.service.controller_memory`'s work.
 
 What is kept, and how:
 
@@ -121,7 +121,7 @@ class ControllerMemory:
 
 @dataclass(frozen=True)
 class SavedAllocation:
-    """A previous allocation as stored, for :mod:`sia_slurm.service.memory` to decode."""
+    """A previous allocation as stored, for :mod:`sia_slurm.service.controller_memory` to decode."""
 
     format: int  # MEMORY_FORMAT: ``document`` is set; PICKLE_FORMAT: ``pickled`` is
     sia_version: str  # the sia-slurm that wrote it

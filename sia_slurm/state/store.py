@@ -14,7 +14,8 @@ Tables (schema version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version``):
   controller's :class:`~sia_slurm.core.Decision` for every job;
 * ``actions`` — the journal (:mod:`sia_slurm.state.journal`);
 * ``reports`` / ``controller`` — metrics reports ingested and the policy's previous allocation
-  (:mod:`sia_slurm.state.memory`; :mod:`sia_slurm.service.memory` turns them into a controller);
+  (:mod:`sia_slurm.state.memory`; :mod:`sia_slurm.service.controller_memory` turns them into a
+  controller);
 * ``meta`` — small key/value facts (the last round's nodes, for offline ``status``/``explain``).
 
 This module owns the connection and the queries of the ``meta``/``jobs``/``rounds``/``decisions``

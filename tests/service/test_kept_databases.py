@@ -22,7 +22,7 @@ from sia_slurm.policy.allocation_json import allocation_to_json
 from sia_slurm.policy.gavel import GavelState
 from sia_slurm.policy.pollux import PolluxState
 from sia_slurm.service import open_controller
-from sia_slurm.service.memory import save_memory
+from sia_slurm.service.controller_memory import save_memory
 from sia_slurm.state import MEMORY_FORMAT, SCHEMA_VERSION, Store, StoreError
 from sia_slurm.state.memory import controller_row
 from tests.service.fakes import write_config

@@ -1,4 +1,4 @@
-"""Jobs waiting beside free GPUs, and unplaced allocations (sia_slurm/sim/idle_waits.py).
+"""Jobs waiting beside free GPUs, and unplaced allocations (sia_slurm/sim/waits_after_actions.py).
 
 Each case builds a small situation whose answer follows from its own shape, not from a recorded
 run: a node with room the job's smallest run fits in, a restart factor of zero, a placement that
@@ -30,7 +30,6 @@ from sia_slurm.policy.base import Allocation, JobAllocation, PolicyInput, restar
 from sia_slurm.policy.parameters import SiaPaperPolicyConfig
 from sia_slurm.policy.sia import SiaPolicy
 from sia_slurm.protocol import JobSpec
-from sia_slurm.sim.idle_waits import after_actions
 from sia_slurm.sim.inputs import (
     SimulationInputs,
     job_specs,
@@ -40,6 +39,7 @@ from sia_slurm.sim.inputs import (
 )
 from sia_slurm.sim.run import SimulationConfig, simulate
 from sia_slurm.sim.simulated_cluster import SimulatedCluster
+from sia_slurm.sim.waits_after_actions import after_actions
 
 HEADER = "name,time,application,num_replicas,batch_size\n"
 # Two nodes of four T4 each: small enough to reason about every GPU.

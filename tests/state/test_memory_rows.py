@@ -1,5 +1,5 @@
 """How the controller's memory is kept (sia_slurm/state/memory.py), with plain values only: no
-controller is built here (tests/service/test_memory.py restores one)."""
+controller is built here (tests/service/test_controller_memory.py restores one)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_the_check_sees_an_import() -> None:
     """The parser finds both spellings, so an empty result above means something."""
     assert _is_under("sia_slurm.controller", LOGIC)
     assert not _is_under("sia_slurm.controllers", LOGIC)
-    module = PACKAGE.parent / "service" / "memory.py"
+    module = PACKAGE.parent / "service" / "controller_memory.py"
     assert {"sia_slurm.controller", "sia_slurm.policy.base"} <= _imported_names(module)
 
 

@@ -1,4 +1,4 @@
-"""The controller's memory between processes (sia_slurm/service/memory.py): the previous
+"""The controller's memory between processes (sia_slurm/service/controller_memory.py): the previous
 allocation as a JSON document (format 3) or converted from a pickle (format 2), stored reports,
 fallbacks."""
 
@@ -23,7 +23,7 @@ from sia_slurm.policy.pollux import PolluxState
 from sia_slurm.policy.registry import make_policy
 from sia_slurm.policy.shares import SharesConfig
 from sia_slurm.protocol import JobSpec, MetricsReport
-from sia_slurm.service.memory import decode_allocation, load_memory, save_memory
+from sia_slurm.service.controller_memory import decode_allocation, load_memory, save_memory
 from sia_slurm.service.summary import record_round
 from sia_slurm.state import MEMORY_FORMAT, Store
 from sia_slurm.state.memory import SavedAllocation, controller_row, dump_pickle
@@ -149,7 +149,7 @@ def test_a_format_2_row_is_converted_and_saved_as_format_3(
     live = remembered_controller(factory, store)
     assert live.previous is not None and isinstance(live.previous.state, GavelState)
     format_2_row(store, live.previous)
-    with caplog.at_level("INFO", logger="sia_slurm.service.memory"):
+    with caplog.at_level("INFO", logger="sia_slurm.service.controller_memory"):
         restored, notes = load_memory(store, make_policy("gavel"), "gavel", factory)
     assert notes == [] and restored.previous is not None
     assert allocation_to_json(restored.previous) == allocation_to_json(live.previous)
