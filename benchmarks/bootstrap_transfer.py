@@ -34,12 +34,12 @@ import numpy as np
 from sia_slurm.model.fit import fit_observations
 from sia_slurm.model.throughput import ThroughputParams, step_time
 from sia_slurm.protocol.observation import Observation
-from sia_slurm.protocol.profile import read_trace_points
+from sia_slurm.protocol.profile import load_profiles, read_trace_points
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "data" / "traces"
-# profile type -> trace key (profiles/gpu_types.csv)
-TRACE_KEYS = {"t4": "aws", "rtx": "rtx", "dgx": "dgx-ext", "quad": "quad", "v100": "azure"}
+# profile type -> its name in the traces (profiles/gpu_types.csv's trace_key)
+TRACE_KEYS = {name: t.trace_key for name, t in load_profiles().gpu_types.items() if t.trace_key}
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 
 
@@ -93,16 +93,21 @@ def absolute_network(point: Observation, target: TypeData, source: TypeData) -> 
     return predicted(point, params)
 
 
-def errors(types: dict[str, TypeData]) -> Iterable[tuple[float, float, float]]:
-    """(Sia's error, the alternative's, A's own model's) per multi-GPU point of A and B."""
-    for _, target, source in pairs(types):
+# Per multi-GPU point of A and source B: B's rank (:func:`pairs`), Sia's error, the
+# alternative's, A's own model's.
+Errors = tuple[int, float, float, float]
+
+
+def errors(types: dict[str, TypeData]) -> Iterable[Errors]:
+    """:data:`Errors` of every multi-GPU point of every target, from every source."""
+    for rank, target, source in pairs(types):
         for point in target.points:
             if point.gpus == 1:
                 continue
             sia = sia_projection(point, target, source) / point.step_time - 1
             alt = absolute_network(point, target, source) / point.step_time - 1
             own = predicted(point, target.full) / point.step_time - 1
-            yield sia, alt, own
+            yield rank, sia, alt, own
 
 
 def pairs(types: dict[str, TypeData]) -> Iterable[tuple[int, TypeData, TypeData]]:
@@ -118,24 +123,14 @@ def pairs(types: dict[str, TypeData]) -> Iterable[tuple[int, TypeData, TypeData]
             yield rank, target, types[name]
 
 
-def by_closeness(types: dict[str, TypeData]) -> dict[int, list[float]]:
-    """Sia's errors per source rank (:func:`pairs`)."""
-    ranked: dict[int, list[float]] = {}
-    for rank, target, source in pairs(types):
-        ranked.setdefault(rank, []).extend(
-            sia_projection(p, target, source) / p.step_time - 1 for p in target.points if p.gpus > 1
-        )
-    return ranked
-
-
 def summary(values: Sequence[float]) -> str:
     absolute = sorted(abs(v) for v in values)
     p90 = absolute[min(len(absolute) - 1, int(0.9 * len(absolute)))]
     return f"{statistics.median(absolute):6.1%} {p90:6.1%}"
 
 
-def line(name: str, rows: Sequence[tuple[float, float, float]]) -> str:
-    sia, alt, own = (list(column) for column in zip(*rows, strict=True))
+def line(name: str, rows: Sequence[Errors]) -> str:
+    _, sia, alt, own = (list(column) for column in zip(*rows, strict=True))
     return f"{name:12} {len(rows):6}  {summary(sia):>13}  {summary(alt):>16}  {summary(own):>13}"
 
 
@@ -146,20 +141,20 @@ def main() -> None:
     print("absolute error of the predicted multi-GPU step time, median and p90")
     print(f"{'app':12} {'points':>6}  {'Sia (ratio)':>13}  {'absolute network':>16}  "
           f"{'own model':>13}")  # fmt: skip
-    pooled: list[tuple[float, float, float]] = []
-    ranked: dict[int, list[float]] = {}
+    pooled: list[Errors] = []
     for app in args.apps:
         types = {
             name: data for name, key in TRACE_KEYS.items() if (data := load(app, key)) is not None
         }
         rows = list(errors(types))
         pooled += rows
-        for rank, values in by_closeness(types).items():
-            ranked.setdefault(rank, []).extend(values)
         print(line(app, rows))
     print(line("pooled", pooled))
-    sia, alt, _ = np.abs(np.array(pooled)).T
+    _, sia, alt, _ = np.abs(np.array(pooled)).T
     better = np.mean(alt < sia)
+    ranked: dict[int, list[float]] = {}
+    for rank, error, _, _ in pooled:
+        ranked.setdefault(rank, []).append(error)
     print(f"the alternative is closer on {better:.0%} of the points")
     print("\nSia's projection by the source's closeness in 1-GPU speed (0: the nearest type)")
     for rank, values in sorted(ranked.items()):
