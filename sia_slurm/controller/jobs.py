@@ -131,6 +131,14 @@ class JobRecord:
         """
         spec = self.spec
         if self.profiling is not None:
+            # A profiling run writes its measurement before its first metrics report, so the
+            # snapshot says it is mid-restore; but once its type is measured there is nothing
+            # to keep it for: it moves to the next type this round (kept as restoring, it was
+            # stopped, and started only a round later).
+            allowed = self.profile_types
+            restoring = restoring and (
+                current is None or allowed is None or current.gpu_type in allowed
+            )
             return JobView(
                 job_id=spec.sia_id,
                 kind=spec.kind,

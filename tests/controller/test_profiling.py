@@ -5,6 +5,7 @@ checked and kept, two jobs of one app giving one profile, hostile documents refu
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -398,3 +399,32 @@ def test_a_new_model_measures_the_type_expected_slowest_first(factory: Estimator
     full_t4 = (NodeView("t4-1", "t4", 4, 0), NodeView("a100-1", "a100", 4, 4))
     (start,) = controller(factory).round(ClusterSnapshot(0.0, full_t4, (pending(job),))).actions
     assert isinstance(start, Start) and start.config == Configuration("a100", 1, 1)
+
+
+def test_a_run_that_measured_its_type_before_its_first_report_moves_in_that_round(
+    factory: EstimatorFactory,
+) -> None:
+    """A profiling run writes its measurement seconds after its launch, before its first
+    metrics report, so the snapshot still says STARTING (mid-restore). A restoring job keeps
+    its configuration; this one may not keep it (its type is measured), and was stopped, then
+    started on the next type a round later: a whole round on no GPU per type, 7 s in 15 s of
+    the demo's, half a minute of a 60 s one. It moves to the next type in the same round."""
+    ctl = controller(factory)
+    job = spec()
+    (start,) = ctl.round(ClusterSnapshot(0.0, NODES, (pending(job),))).actions
+    first = start.config.gpu_type
+    other = "t4" if first == "a100" else "a100"
+    starting = replace(on(job, first), phase=JobPhase.STARTING)
+    outcome = ctl.round(ClusterSnapshot(60.0, NODES, (starting,)))
+    assert outcome.actions == ()  # mid-restore on a type still to measure: it stays
+    document = measured([ALIASES.get(first, first)])
+    measured_run = replace(starting, profiled_document=document)
+    (move,) = ctl.round(ClusterSnapshot(120.0, NODES, (measured_run,))).actions
+    assert isinstance(move, Move) and move.config == Configuration(other, 1, 1)
+    assert move.profile_sweep == profile_sweep(profiling_limits(job))
+    # Once every type is measured, the run on the last one is mid-restore again: it stays.
+    done = replace(
+        on(job, other, restarts=1, profiled_document=measured(["t4", "dgx"])),
+        phase=JobPhase.STARTING,
+    )
+    assert ctl.round(ClusterSnapshot(180.0, NODES, (done,))).actions == ()
