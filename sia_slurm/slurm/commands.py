@@ -109,6 +109,17 @@ def relaunch_floor(begin_time: float, cred_expire_s: int) -> float:
     return begin_time - cred_expire_s + 1
 
 
+def kill_second(begin_time: float, cred_expire_s: int) -> float:
+    """The second K a requeue killed the job (slurmctld's clock; its BeginTime is K +
+    cred_expire + 1): where a relaunch may start on nodes the killed run did not use.
+
+    Only the killed run's nodes revoke its credential (slurmd keeps the revocation itself);
+    a node that never ran it launches a credential of the kill's second. As a StartTime this
+    second is in the past, which Slurm takes as "now" (docs/slurm-actuation.md).
+    """
+    return begin_time - cred_expire_s - 1
+
+
 # Slurm's default when AuthInfo sets no cred_expire (seconds).
 DEFAULT_CRED_EXPIRE_S = 120
 SHOW_CONFIG = ("scontrol", "show", "config")

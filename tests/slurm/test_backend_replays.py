@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sia_slurm.cluster import Stop
 from sia_slurm.protocol import Assignment, read_document
 from tests.slurm.test_backend import backend_for, move, start
@@ -18,15 +20,42 @@ def start_times(fake: Any) -> list[list[str]]:
 
 
 def moved_and_requeued(fake: Any) -> tuple[str, int]:
-    """Job ``a`` started, running, then moved; returns its Slurm id and the requeue's second."""
+    """Job ``a`` started on t4-1, running, then grown in place there (the node that revoked
+    its credential); returns its Slurm id and the requeue's second."""
     job_id = fake.submit("a")
     backend = backend_for(fake)
     assert backend.apply([start("a", "t4", ["t4-1"], 1)])[0].ok
     fake.start(job_id, ["t4-1"])
     fake.clear_calls()
-    (moved,) = backend.apply([move("a", "rtx", ["rtx-1"], 1, round_index=2)])
+    (moved,) = backend.apply([move("a", "t4", ["t4-1"], 2, round_index=2)])
     assert moved.ok, moved.message
     return job_id, int(fake.time_of(["scontrol", "requeuehold", job_id]))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "floor"),
+    [
+        (["t4-1"], ["rtx-1"], 0),  # other nodes: from the kill's second on, i.e. at once
+        (["t4-1", "t4-2"], ["t4-2", "t4-3"], 2),  # one node in common: K + 2
+        (["t4-1"], ["t4-1"], 2),  # the same node, another GPU count: K + 2
+    ],
+)
+def test_a_relaunch_waits_out_the_kill_second_only_on_a_node_of_the_killed_run(
+    fake_slurm: Any, before: list[str], after: list[str], floor: int
+) -> None:
+    """Only the killed run's nodes revoked its credential (docs/slurm-actuation.md)."""
+    job_id = fake_slurm.submit("a")
+    backend = backend_for(fake_slurm)
+    assert backend.apply([start("a", "t4", before, 1)])[0].ok
+    fake_slurm.start(job_id, before)
+    gpu_type = after[0].split("-")[0]
+    per_node = 2 if after == before else 1
+    (moved,) = backend.apply([move("a", gpu_type, after, per_node, round_index=2)])
+    assert moved.ok, moved.message
+    requeued_at = int(fake_slurm.time_of(["scontrol", "requeuehold", job_id]))
+    assignment = read_document(Assignment, fake_slurm.paths.assignment("a"))
+    assert assignment.not_before == requeued_at + floor
+    assert fake_slurm.job(job_id)["start_time"] == requeued_at + floor
 
 
 def test_the_floor_is_written_with_the_assignment_and_set_before_the_release(
@@ -47,7 +76,7 @@ def test_a_move_replayed_after_its_release_still_brings_the_job_forward(fake_slu
     delayed = requeued_at + fake_slurm.cred_expire_s + 1
     fake_slurm.job(job_id).update(start_time=delayed, eligible_time=delayed)  # no StartTime
     fake_slurm.clear_calls()
-    (replayed,) = backend_for(fake_slurm).apply([move("a", "rtx", ["rtx-1"], 1, round_index=2)])
+    (replayed,) = backend_for(fake_slurm).apply([move("a", "t4", ["t4-1"], 2, round_index=2)])
     assert replayed.ok and "already moved" in replayed.message, replayed.message
     assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2
     assert [c[0:2] for c in start_times(fake_slurm)] == [["scontrol", "update"]]
@@ -63,7 +92,7 @@ def test_a_replayed_start_keeps_the_floor_it_wrote_and_moves_it_no_earlier(
     job_id, requeued_at = moved_and_requeued(fake_slurm)
     fake_slurm.job(job_id).update(priority=0, state_reason="JobHeldAdmin")  # not released yet
     fake_slurm.clear_calls()
-    (replayed,) = backend_for(fake_slurm).apply([move("a", "rtx", ["rtx-1"], 1, round_index=2)])
+    (replayed,) = backend_for(fake_slurm).apply([move("a", "t4", ["t4-1"], 2, round_index=2)])
     assert replayed.ok, replayed.message
     assert start_times(fake_slurm) == []
     assert fake_slurm.job(job_id)["start_time"] == requeued_at + 2

@@ -118,6 +118,23 @@ class _Placement:
     resubmitted: bool = False
 
 
+def _left_elsewhere(killed: Assignment | None, step: _Placement) -> bool:
+    """Whether ``step`` starts its job on none of the nodes of the run Slurm requeued just
+    before it, as that run's assignment names them (the previous restart of the same Slurm
+    job; a run the controller did not start, or one of another job id, proves nothing): only
+    those nodes revoked the job's credential, so the relaunch need not wait out the kill's
+    second (:func:`commands.kill_second`; a profiling run's every move, most moves across
+    types)."""
+    if killed is None or not killed.node_list:
+        return False
+    if (killed.slurm_job_id, killed.slurm_restart_count + 1) != (
+        step.slurm_job_id,
+        step.slurm_restart_count,
+    ):
+        return False
+    return not set(killed.node_list) & set(step.shape.node_list)
+
+
 class Actuator:
     """Applies actions through ``runner``; ``observe`` is one ``squeue`` (the backend's)."""
 
@@ -382,8 +399,10 @@ class Actuator:
         never requeued (or was resubmitted); for a requeued one, the floor its assignment for
         the same run already holds (a start replayed after a crash: the BeginTime it reads now
         may be the floor already set), else :func:`commands.relaunch_floor` of its BeginTime
-        (``eligible_time``: ``start_time`` may be the backfill scheduler's estimate). Slurm
-        reports ``start_time`` 0 for a held job whose BeginTime has passed: no floor."""
+        (``eligible_time``: ``start_time`` may be the backfill scheduler's estimate), or the
+        kill's second itself where the run goes to other nodes than the one requeued under it
+        (:func:`_left_elsewhere`). Slurm reports ``start_time`` 0 for a held job whose
+        BeginTime has passed: no floor."""
         if step.resubmitted or step.slurm_restart_count == 0:
             return 0.0
         previous = self._assignment(step.action.sia_id)
@@ -395,6 +414,8 @@ class Actuator:
             return previous.not_before
         if step.begin_time <= 0:
             return 0.0
+        if _left_elsewhere(previous, step):
+            return commands.kill_second(step.begin_time, self.calls.cred_expire())
         return commands.relaunch_floor(step.begin_time, self.calls.cred_expire())
 
     def _bring_forward(
